@@ -18,7 +18,9 @@ class Topics:
     prefix: str = ""
     # Keyed by communicator: partitions bound the number of parallel workers.
     events_partitions: int = 8
-    verdicts_partitions: int = 4
+    # One partition: verdicts are few, and one correlator must see a whole job so that
+    # the per-job cap on isolated hosts holds.
+    verdicts_partitions: int = 1
     isolations_partitions: int = 1
 
     @property

@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -245,11 +245,13 @@ class LocalKafka:
         heap: str = "512m",
         startup_timeout: float = 60.0,
         stop_timeout: float = 15.0,
+        jvm_args: Sequence[str] = (),
     ) -> None:
         self.version = version
         self.heap = heap
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
+        self.jvm_args = list(jvm_args)
         self._fixed_port = port  # 0 = pick a free one
         self.port = 0
         self.controller_port = 0
