@@ -36,7 +36,6 @@ import tempfile
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -129,6 +128,8 @@ def fetch_jars(version: str = KAFKA_VERSION, *, force: bool = False) -> Path:
         if not POM.is_file():
             raise BrokerError(f"{POM} is missing; is the c4stream package data installed?")
         marker.unlink(missing_ok=True)
+        for stale in home.glob("libs-*"):  # scratch dirs of fetches that were killed
+            shutil.rmtree(stale, ignore_errors=True)
         scratch = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
         try:
             cmd = [
@@ -208,7 +209,7 @@ def _set_pdeathsig() -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort, not available everywhere
+    except Exception:  # best effort, not available everywhere
         pass
 
 
@@ -235,7 +236,8 @@ class LocalKafka:
     is the ``host:port`` clients connect to.
     """
 
-    _running: weakref.WeakSet[LocalKafka] = weakref.WeakSet()
+    # Strong refs: a started broker nobody holds on to must still be stopped at exit.
+    _running: set[LocalKafka] = set()
 
     def __init__(
         self,
@@ -561,7 +563,7 @@ def _docker_reachable() -> bool:
         import docker
 
         return bool(docker.from_env(timeout=2).ping())
-    except Exception:  # noqa: BLE001 - any failure just means "no Docker"
+    except Exception:  # any failure just means "no Docker"
         return False
 
 
