@@ -1,0 +1,1 @@
+"""``c4stream demo``: the whole pipeline on one machine, on a simulated job."""
