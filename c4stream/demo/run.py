@@ -1,0 +1,272 @@
+"""The demo: a simulated 128-GPU job with injected faults, through the real pipeline.
+
+Steps: simulate a trace → start a Kafka broker (local, or ``KAFKA_BOOTSTRAP``) → start
+worker, archiver, actuator (dry run) and alerter as child services, with a local
+webhook receiver standing in for the ops chat → replay the trace into ``c4.events`` →
+show isolation commands live as they come out of ``c4.isolations`` → stop everything →
+write the HTML report and compare what was decided with what was injected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from c4stream.demo.receiver import WebhookReceiver
+from c4stream.demo.services import ServiceGroup
+from c4stream.kafka import KafkaConfig
+from c4stream.topics import Topics
+from streams.commands import CommandDecodeError, IsolationCommand, decode_command
+
+__all__ = ["DemoConfig", "DemoResult", "run_demo"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    out_dir: Path = Path("demo-out")
+    scenario: str = "demo"
+    gpus: int = 128
+    duration_s: float | None = None
+    """Simulated seconds; None keeps the scenario's own."""
+    seed: int = 0
+    speed: float = 6.0
+    """Trace seconds replayed per wall second."""
+    settle_s: float = 20.0
+    """After the replay, wait this long (at most) for the last decisions."""
+    bootstrap: str | None = None
+
+
+@dataclass
+class DemoResult:
+    commands: list[IsolationCommand] = field(default_factory=list)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    truth: dict[str, Any] = field(default_factory=dict)
+    report: Path | None = None
+    archive: Path | None = None
+    matched: int = 0
+    false_isolations: int = 0
+
+
+class _IsolationWatcher(threading.Thread):
+    """Reads ``c4.isolations`` in the background and keeps the decoded commands."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
+        super().__init__(daemon=True, name="isolation-watcher")
+        self.kafka, self.topic = kafka, topic
+        self.commands: list[IsolationCommand] = []
+        self.bad = 0
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(self.kafka.consumer_config(f"c4stream-demo-{time.time_ns()}"))
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stop.is_set():
+                msg = consumer.poll(0.3)
+                if msg is None or msg.error():
+                    continue
+                try:
+                    self.commands.append(decode_command(msg.value()))
+                except CommandDecodeError:
+                    self.bad += 1
+        finally:
+            consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(timeout=10)
+
+
+def _matches(cmd: IsolationCommand, fault: dict[str, Any]) -> bool:
+    if cmd.fault != fault["expected_fault"] or cmd.ts_us < fault["start_us"] - 1_000_000:
+        return False
+    ends = {fault["host"], fault.get("peer_host")}
+    return cmd.host in ends or cmd.peer_host in ends
+
+
+def _commands_table(cmds: list[IsolationCommand], t0_us: int) -> Table:
+    table = Table(title="What c4stream decided", expand=True)
+    for col in ("t (s)", "host", "component", "fault", "action", "conf.", "why"):
+        table.add_column(col, overflow="fold")
+    for c in sorted(cmds, key=lambda c: c.ts_us):
+        comp = f"GPU {c.gpu}" if c.gpu is not None else (c.nic or c.peer_host or "host")
+        action = c.action + (" (dry run)" if c.dry_run else "")
+        table.add_row(
+            f"{(c.ts_us - t0_us) / 1e6:.1f}",
+            c.host,
+            comp,
+            c.fault,
+            action,
+            f"{c.confidence:.2f}",
+            c.reason,
+        )
+    return table
+
+
+def _truth_table(result: DemoResult, t0_us: int) -> Table:
+    table = Table(title="Injected faults vs decisions")
+    for col in ("injected at (s)", "fault", "host", "component", "found", "latency (s)"):
+        table.add_column(col)
+    for f in result.truth.get("faults", []):
+        hits = sorted((c for c in result.commands if _matches(c, f)), key=lambda c: c.ts_us)
+        comp = f"GPU {f['gpu']}" if f.get("gpu") is not None else f.get("nic") or "host"
+        table.add_row(
+            f"{(f['start_us'] - t0_us) / 1e6:.1f}",
+            f["expected_fault"],
+            f["host"],
+            str(comp),
+            "[green]yes[/]" if hits else "[red]no[/]",
+            f"{(hits[0].ts_us - f['start_us']) / 1e6:.1f}" if hits else "-",
+        )
+    return table
+
+
+def _start_services(svc: ServiceGroup, bootstrap: str, out: Path, chat_url: str) -> None:
+    alert_toml = out / "alert.toml"
+    alert_toml.write_text(
+        "resolve_timeout_s = 120\n"
+        f'[[destination]]\ntype = "alertmanager"\nurl = "{chat_url}/alertmanager"\n'
+        f'[[destination]]\ntype = "slack"\nurl = "{chat_url}/slack"\n'
+    )
+    kafka = ("--bootstrap", bootstrap)
+    svc.start("worker", "worker", *kafka, "--workdir", str(out / "worker"))
+    svc.start("archiver", "archive", *kafka, "--out", str(out / "archive"))
+    # Dry run (the default): the actuator logs the scontrol line it would run.
+    drain = 'scontrol update nodename={host} state=drain reason="{reason}"'
+    ledger = str(out / "actuator-ledger.sqlite")
+    svc.start("actuator", "actuate", *kafka, "--backend", "command", "--command-template", drain,
+              "--ledger", ledger)  # fmt: skip
+    svc.start("alerter", "alert", *kafka, "--config", str(alert_toml))
+
+
+def _all_found(cmds: list[IsolationCommand], truth: dict[str, Any]) -> bool:
+    return all(any(_matches(c, f) for c in cmds) for f in truth["faults"])
+
+
+def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
+    """Run the whole demo; every child process is stopped before this returns."""
+    from compose.local_broker import create_topics, ensure_broker
+    from producers.replay import ReplayConfig, replay
+    from producers.simulator import SCENARIOS, with_gpus, write_trace
+    from producers.traces import iter_events
+    from sinks.report import lateness_maps, write_report
+
+    console = console or Console()
+    out = config.out_dir.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    result = DemoResult()
+
+    # 1. The job: a simulated trace and the ground truth of what was injected.
+    sim = with_gpus(SCENARIOS[config.scenario], config.gpus)
+    sim = msgspec.structs.replace(
+        sim, seed=config.seed, duration_s=config.duration_s or sim.duration_s
+    )
+    trace, truth_path = out / "trace.jsonl.gz", out / "truth.json"
+    with console.status(f"simulating {config.gpus} GPUs for {sim.duration_s:.0f} s …"):
+        write_trace(sim, trace, truth_path)
+    result.truth = msgspec.json.decode(truth_path.read_bytes())
+    t0_us = int(result.truth.get("epoch_us", 0))
+    console.print(
+        f"[bold]1[/] simulated job → {trace} (faults: "
+        + ", ".join(f"{f['expected_fault']}@{f['host']}" for f in result.truth["faults"])
+        + ")"
+    )
+
+    # 2. Kafka, topics, the stand-in chat, and the services.
+    with console.status("starting Kafka …"):
+        broker = ensure_broker() if config.bootstrap is None else None
+        bootstrap = config.bootstrap or broker.__enter__()  # type: ignore[union-attr]
+    try:
+        topics = Topics()
+        create_topics(bootstrap, topics.partitions(), 60.0)
+        console.print(f"[bold]2[/] Kafka at {bootstrap}; topics {', '.join(topics.partitions())}")
+        kafka = KafkaConfig(bootstrap=bootstrap)
+        services = ServiceGroup(out / "logs", env={"KAFKA_BOOTSTRAP": bootstrap})
+        with WebhookReceiver() as chat, services as svc:
+            _start_services(svc, bootstrap, out, chat.url)
+            console.print(
+                f"[bold]3[/] services up (logs in {out / 'logs'}): worker, archiver, "
+                f"actuator (dry run), alerter → {chat.url}"
+            )
+            watcher = _IsolationWatcher(kafka, topics.isolations)
+            watcher.start()
+
+            # 3. Replay the trace at `speed`, showing decisions as they arrive.
+            stats_box: dict[str, Any] = {}
+
+            def do_replay() -> None:
+                stats_box["stats"] = replay(
+                    [trace], ReplayConfig(kafka=kafka, speed=config.speed, progress=False)
+                )
+
+            replayer = threading.Thread(target=do_replay, daemon=True, name="replay")
+            started = time.monotonic()
+            replayer.start()
+            settle_until: float | None = None
+            with Live(console=console, refresh_per_second=4, transient=False) as live:
+                while True:
+                    svc.check()
+                    elapsed = time.monotonic() - started
+                    trace_s = min(elapsed * config.speed, sim.duration_s)
+                    status = Text(
+                        f"replaying at {config.speed:g}× · trace time {trace_s:5.1f}/"
+                        f"{sim.duration_s:.0f} s · decisions {len(watcher.commands)} · "
+                        f"chat posts {len(chat.received)}"
+                        + (" · waiting for the last decisions" if settle_until else "")
+                    )
+                    live.update(Group(status, _commands_table(watcher.commands, t0_us)))
+                    if not replayer.is_alive():
+                        # Give the worker a moment after the replay; stop early once
+                        # every injected fault has its decision.
+                        settle_until = settle_until or time.monotonic() + config.settle_s
+                        if time.monotonic() > settle_until or _all_found(
+                            watcher.commands, result.truth
+                        ):
+                            break
+                    time.sleep(0.25)
+            watcher.stop()
+            result.commands = list(watcher.commands)
+            result.alerts = list(chat.received)
+    finally:
+        if broker is not None:
+            with console.status("stopping Kafka …"):
+                broker.__exit__(None, None, None)
+
+    # 4. The report.
+    with console.status("writing the report …"):
+        maps = lateness_maps(iter_events(trace))
+        result.report = write_report(
+            out / "report.html",
+            maps,
+            result.commands,
+            truth=result.truth,
+            title=f"c4stream demo — {config.gpus} GPUs, scenario {config.scenario}",
+        )
+    result.archive = out / "archive"
+    result.matched = sum(
+        any(_matches(c, f) for c in result.commands) for f in result.truth["faults"]
+    )
+    result.false_isolations = sum(
+        1
+        for c in result.commands
+        if c.action != "alert_only" and not any(_matches(c, f) for f in result.truth["faults"])
+    )
+    console.print(_truth_table(result, t0_us))
+    console.print(
+        f"found {result.matched}/{len(result.truth['faults'])} injected faults, "
+        f"{result.false_isolations} false isolations, {len(result.alerts)} chat posts\n"
+        f"report:  {result.report}\narchive: {result.archive}  (Parquet; see README)\n"
+        f"logs:    {out / 'logs'}"
+    )
+    return result
