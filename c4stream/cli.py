@@ -30,6 +30,47 @@ for stage in (producers.cli, streams.cli, sinks.cli, compose.cli):
     stage.register(app)
 
 
+config_app = typer.Typer(help="Check or print the configuration file (c4stream.toml).")
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("check")
+def config_check(
+    path: Path = typer.Argument(..., help="The TOML file to validate.", exists=False),
+) -> None:
+    """Validate every table of a configuration file with the types the services use.
+
+    Environment overrides (C4STREAM__SECTION__KEY=value) are applied first, as the
+    services do. Exit status 1 when anything is wrong.
+    """
+    from rich.console import Console
+    from rich.markup import escape
+
+    from c4stream.config import check_config
+    from c4stream.settings_loader import SettingsError
+
+    console = Console()
+    try:
+        reports = check_config(path)
+    except SettingsError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(1) from None
+    for r in reports:
+        mark = "[green]  ok [/]" if r.ok else "[red]error[/]"
+        console.print(f"{mark} {escape(f'[{r.section}]')} {'' if r.ok else escape(r.message)}")
+    if not all(r.ok for r in reports):
+        raise typer.Exit(1)
+    console.print(f"{path}: {len(reports)} tables, all valid")
+
+
+@config_app.command("example")
+def config_example() -> None:
+    """Print a commented example configuration with every table."""
+    from importlib.resources import files
+
+    typer.echo(files("c4stream").joinpath("example.toml").read_text(), nl=False)
+
+
 @app.command()
 def demo(
     out: Path = typer.Option(

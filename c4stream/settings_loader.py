@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-__all__ = ["ENV_PREFIX", "SettingsError", "env_overrides", "load_settings"]
+__all__ = ["ENV_PREFIX", "SettingsError", "env_overrides", "load_raw", "load_settings"]
 
 ENV_PREFIX = "C4STREAM__"
 T = TypeVar("T")
@@ -67,14 +67,13 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return base
 
 
-def load_settings(
-    cls: type[T],
+def load_raw(
     path: str | Path | None = None,
     *,
     text: str | None = None,
     env: Mapping[str, str] | None = None,
-) -> T:
-    """Read ``cls`` from a TOML file (or ``text``), then apply environment overrides."""
+) -> tuple[dict[str, Any], str]:
+    """The TOML document with environment overrides merged in, and a name for errors."""
     source = str(path) if path is not None else "<text>"
     data: dict[str, Any] = {}
     try:
@@ -90,6 +89,18 @@ def load_settings(
     if overrides:
         _merge(data, overrides)
         source += " + environment"
+    return data, source
+
+
+def load_settings(
+    cls: type[T],
+    path: str | Path | None = None,
+    *,
+    text: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> T:
+    """Read ``cls`` from a TOML file (or ``text``), then apply environment overrides."""
+    data, source = load_raw(path, text=text, env=env)
     try:
         return msgspec.convert(data, cls)
     except msgspec.ValidationError as err:
