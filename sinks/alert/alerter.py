@@ -1,0 +1,119 @@
+"""The alerter without Kafka: grouping -> routing -> delivery, driven by plain calls.
+
+The Kafka consumer and ``c4stream alert test`` both drive this object, and so do tests.
+
+>>> import asyncio
+>>> from sinks.alert.config import AlertConfig, Destination
+>>> cfg = AlertConfig(destination=[Destination(type="slack", url="http://127.0.0.1:9/x")])
+>>> async def demo():
+...     async with Alerter.from_config(cfg, clock=lambda: 0.0) as a:
+...         return a.grouper.stats.opened
+>>> asyncio.run(demo())
+0
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from sinks.alert.config import AlertConfig
+from sinks.alert.delivery import Delivery
+from sinks.alert.grouping import Grouper, Observation
+from sinks.alert.model import Notification
+from sinks.alert.routing import Router
+from sinks.alert.targets import make_target
+from streams.commands import IsolationCommand
+from streams.verdicts import Verdict
+
+__all__ = ["Alerter"]
+
+log = logging.getLogger(__name__)
+
+
+class Alerter:
+    def __init__(
+        self,
+        grouper: Grouper,
+        router: Router,
+        delivery: Delivery,
+        *,
+        include_verdicts: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.grouper = grouper
+        self.router = router
+        self.delivery = delivery
+        self.include_verdicts = include_verdicts
+        self.clock = clock
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: AlertConfig,
+        *,
+        client: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Alerter:
+        targets = [
+            make_target(d, external_url=cfg.external_url, clock=clock) for d in cfg.destination
+        ]
+        delivery = Delivery(
+            targets,
+            queue_size=cfg.queue_size,
+            max_attempts=cfg.max_attempts,
+            backoff_base_s=cfg.backoff_base_s,
+            backoff_max_s=cfg.backoff_max_s,
+            retry_after_max_s=cfg.retry_after_max_s,
+            timeout_s=cfg.timeout_s,
+            client=client,
+        )
+        grouper = Grouper(
+            resolve_timeout_s=cfg.resolve_timeout_s,
+            repeat_interval_s=cfg.repeat_interval_s,
+            max_groups=cfg.max_groups,
+        )
+        return cls(
+            grouper,
+            Router(cfg.destination),
+            delivery,
+            include_verdicts=cfg.include_verdicts,
+            clock=clock,
+        )
+
+    async def __aenter__(self) -> Alerter:
+        self.delivery.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.delivery.aclose()
+
+    def dispatch(self, notifications: list[Notification]) -> int:
+        """Queue each notification for its destinations; returns how many were queued."""
+        queued = 0
+        for n in notifications:
+            for name in self.router.route(n):
+                self.delivery.offer(name, n)
+                queued += 1
+        return queued
+
+    def on_command(self, cmd: IsolationCommand) -> int:
+        return self.dispatch(self.grouper.observe(Observation.of_command(cmd), self.clock()))
+
+    def on_verdict(self, v: Verdict) -> int:
+        if not self.include_verdicts:
+            return 0
+        return self.dispatch(self.grouper.observe(Observation.of_verdict(v), self.clock()))
+
+    def tick(self) -> int:
+        """Resolve quiet alerts; call about once a second."""
+        return self.dispatch(self.grouper.expire(self.clock()))
+
+    def send_to_all(self, n: Notification) -> int:
+        """Queue ``n`` for every destination regardless of severity (``alert test``)."""
+        for name in self.delivery.targets:
+            self.delivery.offer(name, n)
+        return len(self.delivery.targets)

@@ -1,0 +1,115 @@
+"""Kafka side of the alerter: consume ``c4.isolations`` and ``c4.verdicts``, feed the Alerter.
+
+confluent-kafka's consumer is blocking, so each ``consume`` call runs in a worker thread
+while HTTP delivery runs on the event loop; the loop itself only decodes, groups and
+enqueues (:meth:`Delivery.offer` never waits), so a slow chat never stalls consumption.
+
+Offsets are committed after each batch has been grouped and queued, not after the HTTP
+posts: an alerter restart re-reads at most one uncommitted batch (grouping then sends
+that host's alert again) and never re-reads the whole history. A new consumer group
+starts at the end of the topics (``from_beginning=False``): starting a chat alerter
+must not replay last week's decisions into the channel.
+
+Undecodable messages go to ``c4.deadletter`` (stage ``alerter``) and are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from c4stream.deadletter import DeadLetter
+from c4stream.kafka import KafkaConfig
+from c4stream.topics import Topics
+from sinks.alert.alerter import Alerter
+from streams.commands import CommandDecodeError, decode_command
+from streams.verdicts import VerdictDecodeError, decode_verdict
+
+__all__ = ["AlertConsumer", "ConsumerStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConsumerStats:
+    commands: int = 0
+    verdicts: int = 0
+    deadlettered: int = 0
+
+
+class AlertConsumer:
+    def __init__(
+        self,
+        alerter: Alerter,
+        kafka: KafkaConfig,
+        *,
+        topics: Topics | None = None,
+        group_id: str = "c4stream-alert",
+        from_beginning: bool = False,
+        batch_size: int = 500,
+        poll_s: float = 0.25,
+        tick_s: float = 1.0,
+    ) -> None:
+        self.alerter = alerter
+        self.kafka = kafka
+        self.topics = topics or Topics(prefix=kafka.topic_prefix)
+        self.group_id = group_id
+        self.from_beginning = from_beginning
+        self.batch_size = batch_size
+        self.poll_s = poll_s
+        self.tick_s = tick_s
+        self.stats = ConsumerStats()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set, then flush what can be flushed."""
+        from confluent_kafka import Consumer, Producer
+
+        reset = "earliest" if self.from_beginning else "latest"
+        consumer = Consumer(
+            self.kafka.consumer_config(self.group_id, **{"auto.offset.reset": reset})
+        )
+        producer = Producer(self.kafka.producer_config())
+        consumer.subscribe([self.topics.isolations, self.topics.verdicts])
+        next_tick = time.monotonic() + self.tick_s
+        try:
+            while not stop.is_set():
+                msgs = await asyncio.to_thread(consumer.consume, self.batch_size, self.poll_s)
+                for msg in msgs:
+                    if msg.error() is not None:
+                        log.warning("kafka: %s", msg.error())
+                        continue
+                    self._handle(msg, producer)
+                if msgs:
+                    consumer.commit(asynchronous=True)
+                    producer.poll(0)
+                if time.monotonic() >= next_tick:
+                    self.alerter.tick()
+                    next_tick = time.monotonic() + self.tick_s
+        finally:
+            await asyncio.to_thread(consumer.close)
+            await asyncio.to_thread(producer.flush, 5.0)
+
+    def _handle(self, msg: object, producer: object) -> None:
+        topic = msg.topic()  # type: ignore[attr-defined]
+        value: bytes = msg.value() or b""  # type: ignore[attr-defined]
+        try:
+            if topic == self.topics.isolations:
+                self.alerter.on_command(decode_command(value))
+                self.stats.commands += 1
+            else:
+                self.alerter.on_verdict(decode_verdict(value))
+                self.stats.verdicts += 1
+        except (CommandDecodeError, VerdictDecodeError) as err:
+            source = f"{topic}[{msg.partition()}]@{msg.offset()}"  # type: ignore[attr-defined]
+            rec = DeadLetter.of(
+                value,
+                reason=str(err),
+                stage="alerter",
+                source=source,
+                key=msg.key(),  # type: ignore[attr-defined]
+            )
+            producer.produce(self.topics.deadletter, rec.encode(), key=msg.key())  # type: ignore[attr-defined]
+            self.stats.deadlettered += 1
+            log.warning("alerter: dead-lettered %s: %s", source, err)

@@ -1,0 +1,300 @@
+"""Delivery: a bounded queue and one worker per destination, retries with back-off.
+
+Why per destination: a slow or failing chat (Teams throttling, a DingTalk outage) must not
+delay the others, and one sequential worker keeps each chat's messages in order (a
+``resolved`` never overtakes its ``firing``) and stays within per-bot rate limits.
+
+Never blocking: :meth:`Delivery.offer` is a plain function that appends to a bounded
+deque and returns at once, so the Kafka consumer loop never waits on HTTP. When a
+destination's queue is full the *oldest notification of the lowest severity present*
+(counting the newcomer) is dropped and counted in :class:`DeliveryStats` — a burst of
+``info`` verdicts cannot push out a ``critical`` cordon.
+
+Retries: on connection errors and timeouts, on HTTP 429 and 5xx, and on the
+rate-limit codes DingTalk and Feishu return inside HTTP 200, up to ``max_attempts``.
+The wait is the server's ``Retry-After`` when it sent one (seconds or an HTTP date,
+capped by ``retry_after_max_s``), else "full jitter" exponential back-off,
+``uniform(0, min(backoff_max_s, backoff_base_s * 2**(attempt-1)))`` (the AWS
+architecture blog's "Exponential Backoff and Jitter", which spreads retries of many
+clients best). Other 4xx and vendor error codes are not retried: they will not heal.
+
+Logs name the destination and its redacted URL (scheme and host) only; httpx's own
+request log lines, which print full URLs with tokens and signatures, are raised to
+WARNING by :func:`quiet_http_loggers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from sinks.alert.model import SEVERITIES, Notification, severity_rank
+from sinks.alert.targets import Outcome, Target
+
+__all__ = ["Delivery", "DeliveryStats", "backoff_delay", "parse_retry_after", "quiet_http_loggers"]
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "c4stream-alert/0.1"
+DROP_LOG_INTERVAL_S = 10.0
+
+
+def quiet_http_loggers() -> None:
+    """httpx logs every request URL at INFO; webhook URLs are credentials, so keep it quiet."""
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date), or None.
+
+    >>> parse_retry_after("1"), parse_retry_after("0.5"), parse_retry_after(None)
+    (1.0, 0.5, None)
+    >>> parse_retry_after("Thu, 01 Jan 1970 00:00:10 GMT", now=4.0)
+    6.0
+    >>> parse_retry_after("soon") is None
+    True
+    """
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def backoff_delay(
+    attempt: int, base_s: float, max_s: float, rng: Callable[[], float] = random.random
+) -> float:
+    """Full-jitter back-off before retry number ``attempt`` (1 = first retry).
+
+    >>> backoff_delay(1, 1.0, 60.0, rng=lambda: 1.0), backoff_delay(10, 1.0, 60.0, lambda: 1.0)
+    (1.0, 60.0)
+    """
+    return rng() * min(max_s, base_s * 2 ** (attempt - 1))
+
+
+@dataclass
+class DeliveryStats:
+    enqueued: int = 0
+    delivered: int = 0
+    failed: int = 0
+    """Given up: permanent error, or retries exhausted."""
+    retries: int = 0
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEVERITIES, 0))
+    """Dropped from a full queue, by severity."""
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+
+class _BoundedQueue:
+    """FIFO of notifications for one destination; full -> drop oldest of lowest severity.
+
+    One deque per severity, entries tagged with an arrival number: the worker takes the
+    oldest head of the three (FIFO overall), a drop takes the head of the lowest
+    non-empty one. Both are O(1), so a flood costs the consumer no more than a trickle.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._by_severity: list[deque[tuple[int, Notification]]] = [deque() for _ in SEVERITIES]
+        self._seq = 0
+        self._len = 0
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def snapshot(self) -> list[Notification]:
+        """Queued notifications in the order they will be sent."""
+        return [n for _, n in sorted(e for q in self._by_severity for e in q)]
+
+    def put_nowait(self, n: Notification) -> Notification | None:
+        """Append ``n``; returns the notification dropped to make room, if any."""
+        rank = severity_rank(n.severity)
+        dropped: Notification | None = None
+        if self._len >= self.maxsize:
+            lowest = next(i for i, q in enumerate(self._by_severity) if q)
+            if rank < lowest:
+                return n  # the newcomer is the least important of all
+            _, dropped = self._by_severity[lowest].popleft()
+            self._len -= 1
+        self._by_severity[rank].append((self._seq, n))
+        self._seq += 1
+        self._len += 1
+        self._ready.set()
+        return dropped
+
+    async def get(self) -> Notification:
+        while not self._len:
+            self._ready.clear()
+            await self._ready.wait()
+        oldest = min((q for q in self._by_severity if q), key=lambda q: q[0][0])
+        self._len -= 1
+        return oldest.popleft()[1]
+
+
+class Delivery:
+    """Sends notifications to targets in the background. Use inside a running event loop.
+
+    ``async with Delivery(targets, ...) as d: d.offer("ops", n); await d.drain(5)``
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        *,
+        queue_size: int = 1000,
+        max_attempts: int = 6,
+        backoff_base_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+        retry_after_max_s: float = 300.0,
+        timeout_s: float = 10.0,
+        client: httpx.AsyncClient | None = None,
+        rng: Callable[[], float] = random.random,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.targets = {t.name: t for t in targets}
+        self.max_attempts = max_attempts
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.retry_after_max_s = retry_after_max_s
+        self.stats = DeliveryStats()
+        self._queues = {name: _BoundedQueue(queue_size) for name in self.targets}
+        self._busy = dict.fromkeys(self.targets, False)
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=timeout_s, follow_redirects=False, headers={"User-Agent": USER_AGENT}
+        )
+        self._rng = rng
+        self._sleep = sleep
+        self._workers: list[asyncio.Task[None]] = []
+        self._last_drop_log: dict[str, float] = {}
+        quiet_http_loggers()
+
+    async def __aenter__(self) -> Delivery:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def start(self) -> None:
+        if not self._workers:
+            self._workers = [
+                asyncio.create_task(self._work(name), name=f"alert-delivery-{name}")
+                for name in self.targets
+            ]
+
+    def offer(self, destination: str, n: Notification) -> bool:
+        """Queue ``n`` for ``destination`` without waiting; False if ``n`` itself was dropped."""
+        dropped = self._queues[destination].put_nowait(n)
+        self.stats.enqueued += 1
+        if dropped is not None:
+            self.stats.dropped[dropped.severity] += 1
+            # One line per destination per interval: a flood must not flood the log too.
+            now = time.monotonic()
+            if now - self._last_drop_log.get(destination, -1e9) >= DROP_LOG_INTERVAL_S:
+                self._last_drop_log[destination] = now
+                log.warning(
+                    "alert queue of %s full (%d): dropping the oldest lowest-severity "
+                    "notifications, %d dropped so far %s",
+                    destination,
+                    self._queues[destination].maxsize,
+                    self.stats.dropped_total,
+                    self.stats.dropped,
+                )
+        return dropped is not n
+
+    def pending(self) -> int:
+        """Notifications queued or being sent."""
+        return sum(len(q) for q in self._queues.values()) + sum(self._busy.values())
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until everything queued was sent or given up; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.pending():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    async def aclose(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+        if self._own_client:
+            await self._client.aclose()
+
+    async def _work(self, name: str) -> None:
+        queue = self._queues[name]
+        target = self.targets[name]
+        while True:
+            n = await queue.get()
+            self._busy[name] = True
+            try:
+                await self.send(target, n)
+            except Exception:  # a bug in one target must not kill its worker
+                self.stats.failed += 1
+                log.exception("alert to %s failed unexpectedly", name)
+            finally:
+                self._busy[name] = False
+
+    async def send(self, target: Target, n: Notification) -> bool:
+        """POST ``n`` to ``target`` with retries; True once delivered."""
+        where = f"{target.name} ({target.destination.redacted_url})"
+        for attempt in range(1, self.max_attempts + 1):
+            req = target.request(n)  # re-signed on every attempt
+            retry_after: float | None = None
+            try:
+                resp = await self._client.post(
+                    req.url,
+                    content=req.body(),
+                    headers={"Content-Type": "application/json", **req.headers},
+                )
+            except httpx.TransportError as err:
+                outcome, detail = Outcome.RETRY, f"{type(err).__name__}"
+            else:
+                outcome, detail = target.judge(resp.status_code, resp.content)
+                if outcome is Outcome.RETRY:
+                    retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            if outcome is Outcome.OK:
+                self.stats.delivered += 1
+                log.debug("alert %s %s sent to %s", n.status, n.key, where)
+                return True
+            if outcome is Outcome.FAIL or attempt == self.max_attempts:
+                self.stats.failed += 1
+                log.error(
+                    "alert %s %s to %s not delivered after %d attempt(s): %s",
+                    n.status,
+                    n.key,
+                    where,
+                    attempt,
+                    detail,
+                )
+                return False
+            if retry_after is not None:
+                delay = min(retry_after, self.retry_after_max_s)
+            else:
+                delay = backoff_delay(attempt, self.backoff_base_s, self.backoff_max_s, self._rng)
+            self.stats.retries += 1
+            log.info("alert to %s: %s; retry %d in %.2fs", where, detail, attempt, delay)
+            await self._sleep(delay)
+        return False  # unreachable: the loop returns on its last attempt

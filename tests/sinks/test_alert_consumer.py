@@ -1,0 +1,116 @@
+"""The alerter on the real Kafka broker: commands and verdicts in, grouped alerts out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import msgspec
+import pytest
+
+from c4stream.deadletter import DeadLetter
+from c4stream.kafka import KafkaConfig
+from c4stream.topics import Topics
+from compose.local_broker import create_topics
+from sinks.alert.alerter import Alerter
+from sinks.alert.config import AlertConfig, Destination
+from sinks.alert.consumer import AlertConsumer
+from sinks.alert.samples import sample_command
+from streams.commands import encode_command
+from streams.verdicts import Verdict, encode_verdict
+from tests.sinks.test_alert_support import (
+    WebhookServer,
+    webhook_server_fixture,  # noqa: F401 (the fixture)
+)
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(90)
+def test_consumer_groups_routes_resolves_and_dead_letters(
+    kafka_bootstrap: str, webhook_server: WebhookServer
+) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    topics = Topics(prefix=f"alert-{uuid.uuid4().hex[:8]}.")
+    create_topics(kafka_bootstrap, topics.partitions(), 30.0)
+    kafka = KafkaConfig(bootstrap=kafka_bootstrap, topic_prefix=topics.prefix)
+
+    producer = Producer(kafka.producer_config())
+    for i in range(3):  # three decisions about h1, one of them delivered twice
+        cmd = msgspec.structs.replace(sample_command("h1"), id=f"c{i}")
+        producer.produce(topics.isolations, encode_command(cmd), key=b"h1")
+    producer.produce(topics.isolations, encode_command(sample_command("h1", id="c0")), key=b"h1")
+    producer.produce(topics.isolations, b'{"not": "a command"}', key=b"h9")
+    verdict = Verdict(
+        id="v1",
+        ts_us=1,
+        job="j",
+        comm="0xa",
+        host="h2",
+        fault="slow_link",
+        score=0.95,
+        reason="link h2-h4 at 30% of its peers",
+        window_start_us=0,
+        window_end_us=1,
+        peer_host="h4",
+    )
+    producer.produce(topics.verdicts, encode_verdict(verdict), key=b"h2")
+    assert producer.flush(10) == 0
+
+    cfg = AlertConfig(
+        destination=[
+            Destination(type="mattermost", url=webhook_server.url("/mm"), min_severity="info"),
+            Destination(type="discord", url=webhook_server.url("/dc"), min_severity="critical"),
+        ],
+        resolve_timeout_s=2.0,
+    )
+
+    async def run() -> AlertConsumer:
+        stop = asyncio.Event()
+        async with Alerter.from_config(cfg) as alerter:
+            consumer = AlertConsumer(
+                alerter,
+                kafka,
+                topics=topics,
+                group_id=f"g-{uuid.uuid4().hex[:6]}",
+                from_beginning=True,
+                tick_s=0.2,
+            )
+            task = asyncio.create_task(consumer.run(stop))
+            # 2 firing + 2 resolved to Mattermost, firing + resolved of h1 to Discord.
+            await asyncio.to_thread(webhook_server.wait_for, 6, 60.0)
+            await asyncio.sleep(0.5)  # nothing more should arrive
+            stop.set()
+            await task
+        return consumer
+
+    t0 = time.monotonic()
+    consumer = asyncio.run(run())
+    mm = [r.json["text"] for r in webhook_server.at("/mm")]
+    dc = [r.json["embeds"][0]["title"] for r in webhook_server.at("/dc")]
+    assert sorted(t.split(" (job")[0] for t in mm) == [
+        "#### [FIRING:critical] straggler on h1",
+        "#### [FIRING:warning] slow_link on h2",
+        "#### [RESOLVED:critical] straggler on h1",
+        "#### [RESOLVED:warning] slow_link on h2",
+    ]
+    assert [t.split(" (job")[0] for t in dc] == [
+        "[FIRING:critical] straggler on h1",
+        "[RESOLVED:critical] straggler on h1",
+    ]
+    assert consumer.stats.commands == 4 and consumer.stats.verdicts == 1
+    assert consumer.stats.deadlettered == 1
+    assert consumer.alerter.grouper.stats.duplicates == 1
+    assert time.monotonic() - t0 < 60
+
+    dlq = Consumer(kafka.consumer_config(f"dlq-{uuid.uuid4().hex[:6]}"))
+    dlq.subscribe([topics.deadletter])
+    msgs = []
+    deadline = time.monotonic() + 20
+    while not msgs and time.monotonic() < deadline:
+        msgs = [m for m in dlq.consume(10, 0.5) if m.error() is None]
+    dlq.close()
+    (rec,) = [DeadLetter.decode(m.value()) for m in msgs]
+    assert rec.stage == "alerter" and rec.payload() == b'{"not": "a command"}' and rec.key == "h9"
+    assert rec.source.startswith(topics.isolations)
