@@ -1,0 +1,199 @@
+"""``c4stream actuate``: the command-line front end of the actuator.
+
+Registered by :mod:`sinks.cli`. Only typer, msgspec and the config are imported at
+module level, so ``c4stream --help`` stays fast; the Kafka and Kubernetes clients are
+imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from sinks.actuator.config import (
+    DEFAULT_LEDGER,
+    ActuatorConfig,
+    CommandSettings,
+    KubernetesSettings,
+)
+
+if TYPE_CHECKING:
+    from sinks.actuator.backends import Backend
+
+__all__ = ["actuate", "make_backend"]
+
+_HELP = (
+    "Act on isolation commands from c4.isolations: cordon and taint Kubernetes nodes, "
+    "or run a scheduler command (e.g. Slurm's scontrol).\n\n"
+    "DRY-RUN BY DEFAULT: without --execute it only logs exactly what it would do. It acts "
+    "only with --execute and when the command itself is not dry_run; never on a host in "
+    "the deny list; never for action alert_only; at most once per command id, also "
+    "across restarts (the --ledger file).\n\n"
+    "Examples:\n\n"
+    "c4stream actuate --backend kubernetes --kubeconfig ~/.kube/config --execute\n\n"
+    "c4stream actuate --backend command --execute --deny 'login-*' "
+    "--command-template 'scontrol update nodename={host} state=drain reason=\"{reason}\"'"
+)
+
+
+class BackendName(enum.StrEnum):
+    kubernetes = "kubernetes"
+    command = "command"
+
+
+class Effect(enum.StrEnum):
+    NoExecute = "NoExecute"
+    NoSchedule = "NoSchedule"
+
+
+def actuate(
+    bootstrap: Annotated[
+        str, typer.Option("--bootstrap", "-b", help="Kafka bootstrap; KAFKA_BOOTSTRAP overrides.")
+    ] = "127.0.0.1:9092",
+    backend: Annotated[BackendName, typer.Option("--backend")] = BackendName.kubernetes,
+    execute: Annotated[
+        bool,
+        typer.Option(
+            "--execute", help="Really act. Without it: log what would be done, do nothing."
+        ),
+    ] = False,
+    deny: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--deny",
+            help="Host never acted on; shell patterns allowed (login-*); repeat or comma-separate.",
+        ),
+    ] = None,
+    ledger: Annotated[
+        Path,
+        typer.Option(
+            "--ledger",
+            help="SQLite file of command ids already acted on (keep it on a persistent disk).",
+        ),
+    ] = Path(DEFAULT_LEDGER),
+    command_template: Annotated[
+        str | None,
+        typer.Option(
+            "--command-template",
+            help="Command backend: argv template for cordon/cordon_and_taint; placeholders "
+            "{host} {reason} {fault} {gpu} {nic} {id} {job} {action} {peer_host} {confidence}.",
+        ),
+    ] = None,
+    restart_command_template: Annotated[
+        str | None,
+        typer.Option(
+            "--restart-command-template", help="Command backend: template for restart_job."
+        ),
+    ] = None,
+    command_timeout: Annotated[
+        float, typer.Option("--command-timeout", help="Seconds before a command is killed.")
+    ] = 30.0,
+    kubeconfig: Annotated[
+        str | None, typer.Option("--kubeconfig", help="Default: $KUBECONFIG or ~/.kube/config.")
+    ] = None,
+    context: Annotated[str | None, typer.Option("--context", help="kubeconfig context.")] = None,
+    in_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--in-cluster", help="Use the pod's service account (compose/k8s/rbac-actuator.yaml)."
+        ),
+    ] = False,
+    taint_key: Annotated[str, typer.Option("--taint-key")] = "c4stream.io/fault",
+    cordon_and_taint_effect: Annotated[
+        Effect,
+        typer.Option(
+            "--cordon-and-taint-effect",
+            help="Taint effect for cordon_and_taint (cordon uses NoSchedule).",
+        ),
+    ] = Effect.NoExecute,
+    event_namespace: Annotated[str, typer.Option("--event-namespace")] = "default",
+    attempts: Annotated[int, typer.Option("--attempts", help="Tries of a failing action.")] = 3,
+    retry_backoff: Annotated[
+        float, typer.Option("--retry-backoff", help="First retry pause, s.")
+    ] = 1.0,
+    group: Annotated[
+        str, typer.Option("--group", help="Kafka consumer group.")
+    ] = "c4stream-actuator",
+    topic_prefix: Annotated[str, typer.Option("--topic-prefix")] = "",
+    isolations_topic: Annotated[str | None, typer.Option("--isolations-topic")] = None,
+    deadletter_topic: Annotated[str | None, typer.Option("--deadletter-topic")] = None,
+    exit_when_idle: Annotated[
+        float | None,
+        typer.Option("--exit-when-idle", help="Stop after this many seconds without a message."),
+    ] = None,
+    max_messages: Annotated[int | None, typer.Option("--max-messages")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    from c4stream.kafka import KafkaConfig
+    from sinks.actuator.backends import ActuatorError
+    from sinks.actuator.consumer import run
+    from sinks.actuator.ledger import Ledger
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    cfg = ActuatorConfig(
+        kafka=KafkaConfig(bootstrap=bootstrap, topic_prefix=topic_prefix),
+        group=group,
+        backend=backend.value,
+        execute=execute,
+        deny=tuple(h.strip() for d in deny or () for h in d.split(",") if h.strip()),
+        ledger_path=str(ledger),
+        attempts=attempts,
+        retry_backoff_s=retry_backoff,
+        exit_when_idle_s=exit_when_idle,
+        max_messages=max_messages,
+        isolations=isolations_topic,
+        deadletter=deadletter_topic,
+        kubernetes=KubernetesSettings(
+            kubeconfig=kubeconfig,
+            context=context,
+            in_cluster=in_cluster,
+            taint_key=taint_key,
+            cordon_and_taint_effect=cordon_and_taint_effect.value,
+            event_namespace=event_namespace,
+        ),
+        command=CommandSettings(
+            template=command_template,
+            restart_template=restart_command_template,
+            timeout_s=command_timeout,
+        ),
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()  # finish the command at hand, commit, leave the group
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        be = make_backend(cfg)
+        with Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led:
+            stats = run(cfg, be, led, stop=stop)
+    except ActuatorError as err:
+        typer.echo(f"c4stream actuate: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"c4stream actuate: {stats}", err=True)
+
+
+def make_backend(cfg: ActuatorConfig) -> Backend:
+    """The configured backend; with --execute it checks it can really act (fail fast)."""
+    if cfg.backend == "command":
+        from sinks.actuator.command_backend import CommandBackend
+
+        return CommandBackend(cfg.command, check_programs=cfg.execute)
+    from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
+
+    client = load_api_client(cfg.kubernetes) if cfg.execute else None
+    return KubernetesBackend(cfg.kubernetes, client)
+
+
+actuate.__doc__ = _HELP

@@ -1,0 +1,198 @@
+"""The command backend: a scheduler command per isolation, run without a shell.
+
+For clusters without Kubernetes, e.g. Slurm::
+
+    scontrol update nodename={host} state=drain reason="{reason}"
+
+The template is split with :func:`shlex.split` *first* and each argument is filled in
+*afterwards*, so a value can never add, remove or re-quote arguments: a reason such as
+``x" state=resume "`` stays inside the one ``reason=`` argument. The argument vector
+runs with :class:`subprocess.Popen` (no shell) in its own process group, which is
+killed whole when the timeout expires, so a child the command spawned cannot linger.
+
+Placeholders: ``{host} {reason} {fault} {gpu} {nic} {id} {job} {action} {peer_host}
+{confidence}``; format specs work (``{confidence:.2f}``). A template that names
+``{gpu}``, ``{nic}`` or ``{peer_host}`` fails for a command that lacks that field
+(dead-lettered, never run with a blank).
+
+Exit status 0 is success. Anything else, and a timeout, is a
+:class:`~sinks.actuator.backends.TransientActionError`: retried, then dead-lettered
+with the exit status and the tail of stderr.
+
+>>> from streams.commands import IsolationCommand
+>>> t = CommandTemplate('scontrol update nodename={host} state=drain reason="{reason}"')
+>>> cmd = IsolationCommand(id="c4-1", ts_us=1, job="j", host="h3", fault="straggler",
+...     action="cordon", confidence=0.9, reason='GPU 2 late; x" state=resume "', evidence={})
+>>> t.render(cmd)
+['scontrol', 'update', 'nodename=h3', 'state=drain', 'reason=GPU 2 late; x" state=resume "']
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import signal
+import string
+import subprocess
+
+from sinks.actuator.backends import (
+    ActionOutcome,
+    ActuatorConfigError,
+    PermanentActionError,
+    TransientActionError,
+)
+from sinks.actuator.config import CommandSettings
+from streams.commands import IsolationCommand
+
+__all__ = ["FIELDS", "CommandBackend", "CommandTemplate"]
+
+log = logging.getLogger("c4stream.actuator.command")
+
+#: The placeholders a template may use.
+FIELDS = frozenset(
+    {"host", "reason", "fault", "gpu", "nic", "id", "job", "action", "peer_host", "confidence"}
+)
+_OPTIONAL = frozenset({"gpu", "nic", "peer_host"})
+_TAIL = 400  # characters of stderr/stdout kept in errors and logs
+
+
+class CommandTemplate:
+    """An argv template: validated once, rendered per command."""
+
+    def __init__(self, template: str) -> None:
+        try:
+            self.argv = shlex.split(template)
+        except ValueError as err:
+            raise ActuatorConfigError(f"command template {template!r}: {err}") from None
+        if not self.argv:
+            raise ActuatorConfigError("the command template is empty")
+        self.fields: set[str] = set()
+        for i, token in enumerate(self.argv):
+            try:
+                names = {f for _, f, _, _ in string.Formatter().parse(token) if f is not None}
+            except ValueError as err:
+                raise ActuatorConfigError(f"command template argument {token!r}: {err}") from None
+            unknown = names - FIELDS
+            if unknown:
+                raise ActuatorConfigError(
+                    f"command template names unknown placeholder(s) {sorted(unknown)}; "
+                    f"known: {sorted(FIELDS)}"
+                )
+            if i == 0 and names:
+                # The program itself must be fixed: a value chooses nothing to execute.
+                raise ActuatorConfigError(
+                    f"the program of a command template must be fixed, not {token!r}"
+                )
+            self.fields |= names
+
+    def render(self, cmd: IsolationCommand) -> list[str]:
+        """The argument vector for ``cmd``; raises PermanentActionError on a missing field."""
+        values = {
+            "host": cmd.host,
+            "reason": cmd.reason,
+            "fault": cmd.fault,
+            "gpu": cmd.gpu,
+            "nic": cmd.nic,
+            "id": cmd.id,
+            "job": cmd.job,
+            "action": cmd.action,
+            "peer_host": cmd.peer_host,
+            "confidence": cmd.confidence,
+        }
+        missing = sorted(f for f in self.fields & _OPTIONAL if values[f] is None)
+        if missing:
+            raise PermanentActionError(
+                f"command {cmd.id}: the command template needs {missing} but the command "
+                "has none; use a template without them for this action"
+            )
+        return [tok.format_map(values) for tok in self.argv]
+
+
+class CommandBackend:
+    """Runs the configured template per command (see the module docstring)."""
+
+    name = "command"
+
+    def __init__(self, settings: CommandSettings, *, check_programs: bool = True) -> None:
+        if settings.template is None:
+            raise ActuatorConfigError(
+                "the command backend needs --command-template, e.g. "
+                "'scontrol update nodename={host} state=drain reason=\"{reason}\"'"
+            )
+        if settings.timeout_s <= 0:
+            raise ActuatorConfigError("--command-timeout must be positive")
+        self.settings = settings
+        self.isolate = CommandTemplate(settings.template)
+        self.restart = (
+            CommandTemplate(settings.restart_template) if settings.restart_template else None
+        )
+        if check_programs:
+            for t in (self.isolate, self.restart):
+                if t is not None and shutil.which(t.argv[0]) is None:
+                    raise ActuatorConfigError(
+                        f"program {t.argv[0]!r} of the command template is not on PATH "
+                        "(or not executable); install it or give its full path"
+                    )
+
+    def _template(self, cmd: IsolationCommand) -> CommandTemplate | None:
+        return self.restart if cmd.action == "restart_job" else self.isolate
+
+    def describe(self, cmd: IsolationCommand) -> str:
+        t = self._template(cmd)
+        if t is None:
+            return "command: no --restart-command-template configured; nothing to run"
+        argv = shlex.join(t.render(cmd))
+        return f"command: run {argv} (no shell, timeout {self.settings.timeout_s:g}s)"
+
+    def apply(self, cmd: IsolationCommand) -> ActionOutcome:
+        t = self._template(cmd)
+        if t is None:
+            return ActionOutcome(changed=False, detail=self.describe(cmd))
+        argv = t.render(cmd)
+        shown = shlex.join(argv)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # own process group: the timeout kills it whole
+            )
+        except (FileNotFoundError, PermissionError) as err:
+            raise ActuatorConfigError(f"cannot run {argv[0]!r}: {err}") from err
+        except ValueError as err:  # e.g. a NUL byte inside a value
+            raise PermanentActionError(f"command {cmd.id}: cannot run {shown}: {err}") from err
+        try:
+            out, err_out = proc.communicate(timeout=self.settings.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise TransientActionError(
+                f"{shown} timed out after {self.settings.timeout_s:g}s and was killed"
+            ) from None
+        stderr = _tail(err_out)
+        if proc.returncode != 0:
+            raise TransientActionError(
+                f"{shown} exited {proc.returncode}: {stderr or '(no stderr)'}"
+            )
+        log.info("ran %s: exit 0 %s", shown, _tail(out))
+        return ActionOutcome(changed=True, detail=f"ran {shown}: exit 0")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the command's whole process group, then reap it (bounded)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.communicate(timeout=5.0)
+    except subprocess.TimeoutExpired:  # a grandchild left the group and holds the pipes
+        proc.kill()
+        proc.wait(timeout=5.0)
+
+
+def _tail(data: bytes | None) -> str:
+    text = (data or b"").decode("utf-8", "replace").strip()
+    return text if len(text) <= _TAIL else "…" + text[-_TAIL:]

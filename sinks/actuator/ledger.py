@@ -1,0 +1,152 @@
+"""The actuator's durable idempotency store: which command ids have acted.
+
+One SQLite file (WAL journal, ``synchronous=FULL``: a recorded row survives a crash
+or power loss). The consumer writes a row *after* the action and *before* it commits
+the Kafka offset, so:
+
+- crash after the ledger write: the command is delivered again, the ledger says
+  ``done``, nothing acts twice;
+- crash between the action and the ledger write: the command acts again; every
+  backend's action is a safe repeat (see :mod:`sinks.actuator.backends`).
+
+Only ``done`` blocks a later delivery. ``dry_run``, ``skipped`` and ``failed`` rows
+are an audit trail: a command first seen in dry-run mode acts when it is delivered
+again to an actuator running with ``--execute``; a failed one is tried again.
+
+>>> import tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "ledger.sqlite3")
+>>> with Ledger(path) as led:
+...     led.record("c4-1", status="dry_run", host="h3", action="cordon", detail="would")
+...     print(led.is_done("c4-1"))
+...     led.record("c4-1", status="done", host="h3", action="cordon", detail="cordoned")
+...     led.record("c4-1", status="failed", host="h3", action="cordon", detail="late")
+False
+>>> with Ledger(path) as led:  # reopened: still done, never downgraded; 3 deliveries
+...     e = led.get("c4-1")
+...     print(led.is_done("c4-1"), e.status, e.detail, e.deliveries)
+True done cordoned 3
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+__all__ = ["Ledger", "LedgerEntry", "LedgerError", "Status"]
+
+Status = Literal["done", "dry_run", "skipped", "failed"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS actions (
+    id          TEXT PRIMARY KEY,
+    status      TEXT NOT NULL,
+    host        TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    detail      TEXT NOT NULL,
+    first_us    INTEGER NOT NULL,
+    updated_us  INTEGER NOT NULL,
+    deliveries  INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX IF NOT EXISTS actions_updated ON actions (updated_us);
+"""
+
+# A ``done`` row is final: later deliveries only count themselves.
+_UPSERT = """
+INSERT INTO actions (id, status, host, action, detail, first_us, updated_us)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET
+    deliveries = deliveries + 1,
+    status     = CASE WHEN status = 'done' THEN status ELSE excluded.status END,
+    detail     = CASE WHEN status = 'done' THEN detail ELSE excluded.detail END,
+    updated_us = excluded.updated_us
+"""
+
+
+class LedgerError(RuntimeError):
+    """The ledger file cannot be opened or written: check the path (``--ledger``) is on
+    a writable local disk (not NFS: SQLite locking) and that no other program holds it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    id: str
+    status: Status
+    host: str
+    action: str
+    detail: str
+    first_us: int
+    updated_us: int
+    deliveries: int
+
+
+class Ledger:
+    """Command ids and what became of them; a context manager that closes the file."""
+
+    def __init__(self, path: str | Path, *, retention_days: float = 30.0) -> None:
+        self.path = Path(path)
+        self.retention_us = int(retention_days * 86_400 * 1e6)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as err:
+            raise LedgerError(f"cannot open the actuator ledger {self.path}: {err}") from err
+        self.prune()
+
+    def is_done(self, cmd_id: str) -> bool:
+        """Whether ``cmd_id`` has acted (a ``done`` row exists)."""
+        row = self._db.execute("SELECT status FROM actions WHERE id = ?", (cmd_id,)).fetchone()
+        return row is not None and row[0] == "done"
+
+    def record(
+        self,
+        cmd_id: str,
+        *,
+        status: Status,
+        host: str,
+        action: str,
+        detail: str,
+        now_us: int | None = None,
+    ) -> None:
+        """Write (durably, before returning) what became of one delivery of ``cmd_id``."""
+        now = now_us if now_us is not None else time.time_ns() // 1000
+        try:
+            self._db.execute(_UPSERT, (cmd_id, status, host, action, detail, now, now))
+        except sqlite3.Error as err:
+            raise LedgerError(f"cannot write the actuator ledger {self.path}: {err}") from err
+
+    def get(self, cmd_id: str) -> LedgerEntry | None:
+        row = self._db.execute("SELECT * FROM actions WHERE id = ?", (cmd_id,)).fetchone()
+        return LedgerEntry(*row) if row else None
+
+    def entries(self) -> list[LedgerEntry]:
+        """Every row, oldest first (for tests and ``--ledger`` inspection)."""
+        rows = self._db.execute("SELECT * FROM actions ORDER BY first_us, id").fetchall()
+        return [LedgerEntry(*r) for r in rows]
+
+    def prune(self, now_us: int | None = None) -> int:
+        """Drop rows not updated within the retention; bounded state. Returns the count."""
+        now = now_us if now_us is not None else time.time_ns() // 1000
+        cutoff = now - self.retention_us
+        cur = self._db.execute("DELETE FROM actions WHERE updated_us < ?", (cutoff,))
+        return cur.rowcount
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
