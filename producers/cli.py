@@ -5,8 +5,149 @@ Heavy imports stay inside the command functions so that `c4stream --help` is fas
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+
+def simulate(
+    scenario: Annotated[
+        str | None, typer.Option("--scenario", "-s", help="preset (--list)")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="SimConfig as TOML")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="resize the job")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="simulated s")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="random seed")] = None,
+    out: Annotated[Path, typer.Option("--out", help="trace (.gz = gzip)")] = Path("trace.jsonl.gz"),
+    truth: Annotated[Path | None, typer.Option("--truth", help="ground-truth JSON")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="list the scenarios and exit")] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Simulate a training job with injected faults into a trace and a ground truth."""
+    from rich.console import Console
+
+    from producers.simulator.cli_impl import list_scenarios, resolve_config, run
+    from producers.simulator.config import SimConfigError
+
+    console = Console()
+    if list_:
+        list_scenarios(console)
+        return
+    try:
+        cfg = resolve_config(scenario, config, gpus, duration, seed)
+        run(cfg, out, truth, console, progress)
+    except SimConfigError as err:
+        console.print(f"[red]simulate: {err}[/red]")
+        raise typer.Exit(2) from None
+
+
+_BOOTSTRAP_HELP = "Kafka host:port (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)"
+
+
+def exporter(
+    directory: Annotated[
+        Path, typer.Option("--dir", help="NCCL Inspector dump directory to follow")
+    ],
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=_BOOTSTRAP_HELP)] = None,
+    interval: Annotated[
+        float, typer.Option("--interval", help="seconds per batch per communicator")
+    ] = 1.0,
+    state_file: Annotated[
+        Path | None,
+        typer.Option("--state-file", help="file positions: a restart neither loses nor repeats"),
+    ] = None,
+    topic: Annotated[str, typer.Option("--topic", help="events topic")] = "c4.events",
+    deadletter_topic: Annotated[str, typer.Option("--deadletter-topic")] = "c4.deadletter",
+    job: Annotated[
+        str | None, typer.Option("--job", help="job id (default: from the dir name)")
+    ] = None,
+    pattern: Annotated[str, typer.Option("--pattern", help="file names to follow")] = "*.log",
+) -> None:
+    """Follow an NCCL Inspector dump directory and publish its events to Kafka."""
+    import logging
+
+    from rich.console import Console
+
+    from c4stream.kafka import KafkaConfig
+    from producers.exporter import ExporterConfig, run_exporter
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    kafka = KafkaConfig(bootstrap=bootstrap) if bootstrap else KafkaConfig()
+    cfg = ExporterConfig(
+        directory=directory,
+        kafka=kafka,
+        events_topic=topic,
+        deadletter_topic=deadletter_topic,
+        interval_s=interval,
+        state_file=state_file,
+        job=job,
+        pattern=pattern,
+    )
+    stats = run_exporter(cfg)
+    Console(stderr=True).print(
+        f"exporter stopped: {stats.lines} lines, {stats.events} events, "
+        f"{stats.delivered}/{stats.messages} messages acknowledged, "
+        f"{stats.deadletters} dead letters"
+    )
+
+
+def replay(
+    traces: Annotated[
+        list[Path],
+        typer.Argument(help="contract traces (.jsonl[.gz]), Inspector dirs, Flight Recorder dumps"),
+    ],
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=_BOOTSTRAP_HELP)] = None,
+    speed: Annotated[
+        str, typer.Option("--speed", help="pace factor, or 'max' for no pacing")
+    ] = "1.0",
+    topic: Annotated[str, typer.Option("--topic", help="events topic")] = "c4.events",
+    deadletter_topic: Annotated[str, typer.Option("--deadletter-topic")] = "c4.deadletter",
+    job: Annotated[
+        str | None, typer.Option("--job", help="job id for Inspector / Flight Recorder input")
+    ] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Publish a recorded trace to Kafka at its recorded pace scaled by --speed."""
+    from rich.console import Console
+
+    from c4stream.kafka import KafkaConfig
+    from producers.replay import ReplayConfig, parse_speed
+    from producers.replay import replay as run_replay
+    from producers.sources import SourceError
+
+    console = Console(stderr=True)
+    try:
+        pace = parse_speed(speed)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--speed") from None
+    kafka = KafkaConfig(bootstrap=bootstrap) if bootstrap else KafkaConfig()
+    cfg = ReplayConfig(
+        kafka=kafka,
+        events_topic=topic,
+        deadletter_topic=deadletter_topic,
+        speed=pace,
+        job=job,
+        progress=progress,
+    )
+    try:
+        stats = run_replay(traces, cfg)
+    except SourceError as err:
+        console.print(f"[red]replay: {err}[/red]")
+        raise typer.Exit(2) from None
+    rate = stats.events / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
+    console.print(
+        f"replayed {stats.messages} messages, {stats.events} events, {stats.bad} bad "
+        f"(dead-lettered) in {stats.elapsed_s:.2f}s ({rate:,.0f} events/s); "
+        f"acknowledged {stats.delivered}/{stats.messages}"
+    )
+    if not stats.ok:
+        console.print("[red]replay: some messages were not acknowledged by Kafka[/red]")
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the main ``c4stream`` app."""
+    app.command("simulate")(simulate)
+    app.command("exporter")(exporter)
+    app.command("replay")(replay)

@@ -21,6 +21,7 @@ BadLine 2
 from __future__ import annotations
 
 import gzip
+import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,9 @@ def _open_binary(path: Path, mode: str) -> IO[bytes]:
             return gzip.open(path, "rb")
         return open(path, "rb")
     if path.suffix == ".gz":
-        return gzip.open(path, mode + "b", compresslevel=5)
+        # A buffer in front of gzip: Python's gzip compresses on every write call, and
+        # traces are written a line at a time.
+        return io.BufferedWriter(gzip.open(path, mode + "b", compresslevel=5), 1 << 20)  # type: ignore[arg-type]
     return open(path, mode + "b")
 
 
