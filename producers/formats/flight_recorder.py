@@ -1,0 +1,439 @@
+"""PyTorch NCCL Flight Recorder dumps → contract ``progress`` and ``op`` events.
+
+PyTorch's ProcessGroupNCCL keeps a ring buffer of its last collectives
+(``TORCH_NCCL_TRACE_BUFFER_SIZE``) and dumps it per rank, usually when the watchdog
+times out, to ``${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-/tmp/nccl_trace_rank_}<rank>``: a
+pickle of builtin dicts/lists/tuples/str/int/float/bool/None (``FlightRecorder::dump``,
+pickled without type tags) or, from the JSON API, the same document as JSON with the
+``pg_config``/``pg_status`` values as strings and absent timestamps as ``0``. Keys read
+(``torch/csrc/distributed/c10d/FlightRecorder.hpp``, dump ``version`` "2.x"):
+
+* ``pg_config``: ``{group_name: {"name", "desc", "ranks": "[0, 1, …]"}}``
+* ``pg_status``: ``{str(pg_id): {"last_enqueued_collective", "last_started_collective",
+  "last_completed_collective"}}``
+* ``entries``: ``[{"pg_id", "process_group": (name, desc), "collective_seq_id",
+  "p2p_seq_id", "op_id", "profiling_name", "time_created_ns",
+  "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ms"?,
+  "input_sizes", "input_dtypes", "state": scheduled|started|completed, "is_p2p",
+  "timeout_ms", …}]``
+
+Mapping, per process group (communicator ``comm`` = group name):
+
+* one ``progress`` event at the dump time: ``started``/``completed`` =
+  ``last_started_collective``/``last_completed_collective`` (negative "none yet" → 0;
+  from the entries when ``pg_status`` is missing), ``inflight_op``/``inflight_us`` from
+  the oldest entry that started but did not complete;
+* one ``op`` event per completed collective (entries of one coalesced launch share a
+  ``collective_seq_id`` and are merged): ``seq`` = ``collective_seq_id``, ``op`` from
+  ``profiling_name`` (``nccl:all_reduce`` → ``AllReduce``), ``bytes`` from
+  ``input_sizes`` × dtype size, ``exec_us`` = ``duration_ms``·1000 (needs
+  ``TORCH_NCCL_ENABLE_TIMING=1``) else the watchdog's discovered completed − started,
+  ``ts_us`` = discovered completion time.
+
+The dump time is not in the file: it is the newest timestamp in the entries, moved up
+to the file's mtime when that lies within the largest ``timeout_ms`` (+1 min) after it —
+a watchdog dump is written right after the timeout, a copied file is not trusted.
+
+What it cannot tell: the hostname (``host`` is ``host_rank<N>`` like PyTorch's analyzer,
+unless the dump carries a ``hostname``), GPU and NIC, per-connection traffic, anything
+older than the ring buffer, and p2p operations are skipped (``p2p_seq_id`` does not
+match across ranks).
+
+>>> dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg",
+...         "ranks": "[0, 1]"}}, "pg_status": {"0": {"last_enqueued_collective": 2,
+...         "last_started_collective": 2, "last_completed_collective": 1}},
+...         "entries": [_example_entry(1, "completed"), _example_entry(2, "started")]}
+>>> for ev in dump_to_events(dump, rank=1, job="j", file_mtime_us=None):
+...     print(type(ev).__name__, ev.comm, ev.rank)
+OpEvent 0 1
+ProgressEvent 0 1
+>>> [e for e in dump_to_events(dump, rank=1, job="j", file_mtime_us=None)][1].inflight_op
+'AllReduce'
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import pickle
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from producers.events import Event, OpEvent, ProgressEvent
+from producers.traces import BadLine
+
+__all__ = [
+    "FlightRecorderError",
+    "dump_to_events",
+    "load_flight_recorder_dump",
+    "looks_like_flight_recorder",
+    "rank_from_filename",
+    "read_flight_recorder",
+]
+
+
+class FlightRecorderError(ValueError):
+    """A file is not a readable Flight Recorder dump.
+
+    The file is reported as bad input (``file:0: reason``) and skipped. A dump that
+    needs a class to unpickle is refused on purpose: real dumps hold only builtin
+    containers and scalars, so such a file is either not a dump or was tampered with.
+    """
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles builtin containers and scalars only: every class lookup is refused.
+
+    ``find_class`` is the only way a pickle can reach a callable (GLOBAL, STACK_GLOBAL,
+    INST, OBJ and the copyreg extension codes all go through it), so refusing it
+    refuses code execution.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise FlightRecorderError(
+            f"refused to unpickle {module}.{name}: Flight Recorder dumps hold only builtin "
+            "containers and scalars, so this file is not a dump or was tampered with"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise FlightRecorderError("refused a persistent id: not a Flight Recorder dump")
+
+
+def _loads_restricted(data: bytes) -> Any:
+    return _RestrictedUnpickler(io.BytesIO(data)).load()
+
+
+def looks_like_flight_recorder(head: bytes) -> bool:
+    """Whether the first bytes of a file look like a Flight Recorder dump.
+
+    >>> looks_like_flight_recorder(b'{"comm_lib_version":"2.21.5","entries":[')
+    True
+    >>> looks_like_flight_recorder(b'{"header":{"id":"0x1"')
+    False
+    """
+    s = head.lstrip()
+    if s.startswith(b"\x80"):  # pickle protocol >= 2
+        return True
+    return s.startswith(b"{") and any(
+        k in s for k in (b'"pg_config"', b'"pg_status"', b'"entries"', b'"comm_lib_version"')
+    )
+
+
+def load_flight_recorder_dump(path: str | Path) -> dict[str, Any]:
+    """Load one dump (pickle or JSON) as plain Python data; raises FlightRecorderError."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise FlightRecorderError(f"cannot read: {err}") from None
+    stripped = data.lstrip()
+    try:
+        if stripped.startswith(b"{"):
+            dump = json.loads(stripped)
+        elif stripped.startswith(b"\x80"):
+            dump = _loads_restricted(data)
+        else:
+            raise FlightRecorderError("neither a pickle nor a JSON object")
+    except FlightRecorderError:
+        raise
+    except (pickle.UnpicklingError, ValueError, EOFError, TypeError, IndexError) as err:
+        raise FlightRecorderError(f"corrupt dump: {type(err).__name__}: {err}") from None
+    if not isinstance(dump, dict):
+        raise FlightRecorderError(f"dump is a {type(dump).__name__}, expected a dict")
+    if not any(k in dump for k in ("entries", "pg_status", "pg_config")):
+        raise FlightRecorderError("no entries, pg_status or pg_config: not a Flight Recorder dump")
+    return dump
+
+
+_RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle|bin))?$")
+
+
+def rank_from_filename(path: str | Path) -> int:
+    """The global rank PyTorch put at the end of the dump's file name.
+
+    >>> rank_from_filename("/tmp/nccl_trace_rank_12"), rank_from_filename("dump_rank_3.json")
+    (12, 3)
+    """
+    m = _RANK_IN_NAME.search(Path(path).name)
+    if not m:
+        raise FlightRecorderError(
+            "no rank at the end of the file name (PyTorch writes <prefix><rank>, "
+            "e.g. nccl_trace_rank_3); rename the file so it ends in its rank"
+        )
+    return int(m.group(1))
+
+
+# c10::toString(ScalarType) names → bytes per element.
+_DTYPE_BYTES = {
+    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
+    "Char": 1, "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16,
+    "ComplexHalf": 4, "UInt16": 2, "UInt32": 4, "UInt64": 8,
+    "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1,
+    "Float8_e8m0fnu": 1,
+}  # fmt: skip
+
+_OP_NAMES = {
+    "all_reduce": "AllReduce", "allreduce": "AllReduce", "all_reduce_coalesced": "AllReduce",
+    "allreduce_coalesced": "AllReduce", "all_gather": "AllGather", "allgather": "AllGather",
+    "_allgather_base": "AllGather", "all_gather_into_tensor_coalesced": "AllGather",
+    "allgather_into_tensor_coalesced": "AllGather", "allgather_coalesced": "AllGather",
+    "reduce_scatter": "ReduceScatter", "_reduce_scatter_base": "ReduceScatter",
+    "reduce_scatter_tensor_coalesced": "ReduceScatter", "broadcast": "Broadcast",
+    "reduce": "Reduce", "all_to_all": "AllToAll", "alltoall": "AllToAll",
+    "alltoall_base": "AllToAll", "all_to_all_single": "AllToAll", "send": "Send",
+    "recv": "Recv", "barrier": "Barrier", "gather": "Gather", "scatter": "Scatter",
+}  # fmt: skip
+
+
+def _op_name(profiling_name: Any) -> str:
+    """``nccl:all_reduce`` → ``AllReduce``; unknown names pass through without prefix."""
+    name = str(profiling_name or "unknown")
+    short = name.split(":", 1)[1] if ":" in name else name
+    return _OP_NAMES.get(short, short or "unknown")
+
+
+def _int(value: Any, default: int | None = None) -> int | None:
+    # JSON dumps write pg_status values as strings and absent timestamps as 0.
+    if value is None or isinstance(value, bool):
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _ts_ns(value: Any) -> int | None:
+    v = _int(value)
+    return v if v else None  # 0 means "not yet" in JSON dumps
+
+
+def _bytes_of(entry: dict[str, Any]) -> int:
+    sizes = entry.get("input_sizes") or []
+    dtypes = entry.get("input_dtypes") or []
+    total = 0
+    for i, shape in enumerate(sizes):
+        if not isinstance(shape, (list, tuple)):
+            continue
+        n = math.prod(int(d) for d in shape if isinstance(d, int) and d >= 0)
+        dtype = dtypes[i] if i < len(dtypes) else None
+        total += n * _DTYPE_BYTES.get(str(dtype), 4)  # unknown dtype: counted as 4 bytes
+    return total
+
+
+def _pg_name(entry: dict[str, Any]) -> tuple[str, str]:
+    pg = entry.get("process_group")
+    if isinstance(pg, (list, tuple)) and pg:
+        return str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+    return str(entry.get("pg_id", "")), ""
+
+
+def _ranks(pg_info: Any) -> list[int] | None:
+    if not isinstance(pg_info, dict):
+        return None
+    ranks = pg_info.get("ranks")
+    if isinstance(ranks, str):
+        try:
+            ranks = json.loads(ranks)
+        except ValueError:
+            return None
+    if isinstance(ranks, (list, tuple)) and all(isinstance(r, int) for r in ranks):
+        return list(ranks)
+    return None
+
+
+def _example_entry(seq: int, state: str) -> dict[str, Any]:
+    """A minimal entry for the doctest above (times in ns)."""
+    t = 1_750_000_000_000_000_000 + seq * 1_000_000_000
+    return {
+        "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": seq,
+        "p2p_seq_id": 0, "op_id": seq, "profiling_name": "nccl:all_reduce",
+        "time_created_ns": t, "time_discovered_started_ns": t + 1000,
+        "time_discovered_completed_ns": t + 5_000_000 if state == "completed" else None,
+        "input_sizes": [[1024]], "input_dtypes": ["Float"], "state": state,
+        "is_p2p": False, "timeout_ms": 600000,
+    }  # fmt: skip
+
+
+_TIME_KEYS = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
+
+
+def _dump_time_us(entries: list[dict[str, Any]], file_mtime_us: int | None) -> int:
+    newest_ns = 0
+    timeout_ms = 0
+    for e in entries:
+        for key in _TIME_KEYS:
+            newest_ns = max(newest_ns, _ts_ns(e.get(key)) or 0)
+        timeout_ms = max(timeout_ms, _int(e.get("timeout_ms"), 0) or 0)
+    if newest_ns == 0:
+        return file_mtime_us or 0
+    newest = newest_ns // 1000
+    if file_mtime_us is None or file_mtime_us < newest:
+        return newest
+    cap = (timeout_ms or 600_000) * 1000 + 60_000_000
+    return file_mtime_us if file_mtime_us <= newest + cap else newest
+
+
+def dump_to_events(
+    dump: dict[str, Any],
+    *,
+    rank: int,
+    job: str,
+    file_mtime_us: int | None,
+    host: str | None = None,
+    on_problem: Callable[[str], None] | None = None,
+) -> list[Event]:
+    """Map one rank's dump to events: ``op`` events in completion order, then one
+    ``progress`` event per process group at the dump time.
+
+    ``on_problem`` hears about process groups that cannot be mapped (no rank list in
+    ``pg_config``); their events are skipped.
+    """
+    rank = _int(dump.get("rank"), rank) or rank
+    host = host or str(dump.get("hostname") or f"host_rank{rank}")
+    entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict)]
+    pg_config = dump.get("pg_config") or {}
+    pg_status = dump.get("pg_status") or {}
+    now_us = _dump_time_us(entries, file_mtime_us)
+
+    # pg_id → (name, desc): pg_status is keyed by id, pg_config by name.
+    names: dict[str, tuple[str, str]] = {}
+    for e in entries:
+        names.setdefault(str(e.get("pg_id")), _pg_name(e))
+    pg_ids = list(dict.fromkeys([*map(str, pg_status), *names]))
+
+    out_ops: list[OpEvent] = []
+    out_progress: list[ProgressEvent] = []
+    for pg_id in pg_ids:
+        name, desc = names.get(pg_id, (pg_id, ""))
+        info = pg_config.get(name) if isinstance(pg_config, dict) else None
+        ranks = _ranks(info)
+        if not ranks:
+            if on_problem is not None:
+                on_problem(f"process group {name!r} (pg_id {pg_id}) has no rank list in pg_config")
+            continue
+        if rank not in ranks:
+            if on_problem is not None:
+                on_problem(f"rank {rank} is not in process group {name!r} ranks {ranks}")
+            continue
+        ident = {
+            "v": 1,
+            "job": job,
+            "comm": name,
+            "nranks": len(ranks),
+            "rank": ranks.index(rank),
+            "host": host,
+            "comm_name": desc or None,
+        }
+        mine = [e for e in entries if str(e.get("pg_id")) == pg_id and not e.get("is_p2p")]
+
+        # op events: one per completed collective_seq_id (coalesced entries merged).
+        done: dict[int, OpEvent] = {}
+        for e in mine:
+            seq = _int(e.get("collective_seq_id"), 0) or 0
+            end_ns = _ts_ns(e.get("time_discovered_completed_ns"))
+            if seq <= 0 or e.get("state") != "completed" or end_ns is None:
+                continue
+            start_ns = _ts_ns(e.get("time_discovered_started_ns"))
+            duration = e.get("duration_ms")
+            if isinstance(duration, (int, float)) and math.isfinite(duration) and duration >= 0:
+                exec_us = float(duration) * 1000.0
+            elif start_ns is not None:
+                exec_us = max(0.0, (end_ns - start_ns) / 1000.0)
+            else:
+                exec_us = 0.0
+            nbytes = _bytes_of(e)
+            prev = done.get(seq)
+            if prev is not None:  # same launch, another op of a coalesced group
+                done[seq] = msgspec.structs.replace(
+                    prev, bytes=prev.bytes + nbytes, exec_us=max(prev.exec_us, exec_us)
+                )
+                continue
+            done[seq] = OpEvent(
+                **ident,
+                ts_us=end_ns // 1000,
+                op=_op_name(e.get("profiling_name")),
+                seq=seq,
+                bytes=nbytes,
+                exec_us=exec_us,
+            )
+        out_ops.extend(done.values())
+
+        # progress: counters from pg_status, else from the entries.
+        status = pg_status.get(pg_id) if isinstance(pg_status, dict) else None
+        started_seqs = [
+            _int(e.get("collective_seq_id"), 0) or 0
+            for e in mine
+            if e.get("state") in ("started", "completed")
+        ]
+        completed_seqs = [
+            _int(e.get("collective_seq_id"), 0) or 0 for e in mine if e.get("state") == "completed"
+        ]
+        if isinstance(status, dict):
+            started = _int(status.get("last_started_collective"), 0) or 0
+            completed = _int(status.get("last_completed_collective"), 0) or 0
+        else:
+            started = max(started_seqs, default=0)
+            completed = max(completed_seqs, default=0)
+        inflight = [
+            e
+            for e in mine
+            if e.get("state") == "started" and _ts_ns(e.get("time_discovered_started_ns"))
+        ]
+        inflight_op = inflight_us = None
+        if inflight:
+            oldest = min(inflight, key=lambda e: _int(e.get("collective_seq_id"), 0) or 0)
+            began = (_ts_ns(oldest.get("time_discovered_started_ns")) or 0) // 1000
+            inflight_op = _op_name(oldest.get("profiling_name"))
+            inflight_us = float(max(0, now_us - began))
+        out_progress.append(
+            ProgressEvent(
+                **ident,
+                ts_us=now_us,
+                started=max(started, 0),
+                completed=max(min(completed, max(started, 0)), 0),
+                inflight_op=inflight_op,
+                inflight_us=inflight_us,
+            )
+        )
+    out_ops.sort(key=lambda ev: ev.ts_us)
+    return [*out_ops, *out_progress]
+
+
+def read_flight_recorder(
+    path: str | Path,
+    *,
+    job: str,
+    on_bad: Callable[[BadLine], None] | None = None,
+) -> list[Event]:
+    """Read one rank's dump file into events; a bad file goes to ``on_bad`` (line 0)."""
+    name = str(path)
+
+    def bad(reason: str) -> None:
+        if on_bad is not None:
+            on_bad(BadLine(name, 0, b"", reason))
+
+    try:
+        dump = load_flight_recorder_dump(path)
+        rank = rank_from_filename(path) if "rank" not in dump else int(dump["rank"])
+        mtime_us = os.stat(path).st_mtime_ns // 1000
+    except (FlightRecorderError, OSError, TypeError, ValueError) as err:
+        bad(str(err))
+        return []
+    try:
+        return dump_to_events(dump, rank=rank, job=job, file_mtime_us=mtime_us, on_problem=bad)
+    except (msgspec.ValidationError, TypeError, ValueError, AttributeError) as err:
+        bad(f"unexpected dump content: {type(err).__name__}: {err}")
+        return []
+
+
+def iter_flight_recorder(
+    paths: list[Path], *, job: str, on_bad: Callable[[BadLine], None] | None = None
+) -> Iterator[Event]:
+    """Events of several ranks' dumps, file by file."""
+    for p in paths:
+        yield from read_flight_recorder(p, job=job, on_bad=on_bad)
