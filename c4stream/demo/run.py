@@ -64,7 +64,7 @@ class _IsolationWatcher(threading.Thread):
         self.kafka, self.topic = kafka, topic
         self.commands: list[IsolationCommand] = []
         self.bad = 0
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
         from confluent_kafka import Consumer
@@ -72,7 +72,7 @@ class _IsolationWatcher(threading.Thread):
         consumer = Consumer(self.kafka.consumer_config(f"c4stream-demo-{time.time_ns()}"))
         consumer.subscribe([self.topic])
         try:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 msg = consumer.poll(0.3)
                 if msg is None or msg.error():
                     continue
@@ -84,7 +84,7 @@ class _IsolationWatcher(threading.Thread):
             consumer.close()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout=10)
 
 
@@ -95,23 +95,26 @@ def _matches(cmd: IsolationCommand, fault: dict[str, Any]) -> bool:
     return cmd.host in ends or cmd.peer_host in ends
 
 
-def _commands_table(cmds: list[IsolationCommand], t0_us: int) -> Table:
-    table = Table(title="What c4stream decided", expand=True)
-    for col in ("t (s)", "host", "component", "fault", "action", "conf.", "why"):
-        table.add_column(col, overflow="fold")
-    for c in sorted(cmds, key=lambda c: c.ts_us):
+def _commands_view(cmds: list[IsolationCommand], t0_us: int) -> Group:
+    """A compact table (fits 80 columns) with each decision's reason below it."""
+    table = Table(title="What c4stream decided")
+    for col in ("#", "t (s)", "host", "component", "fault", "action", "conf."):
+        table.add_column(col)
+    reasons: list[Text] = []
+    for i, c in enumerate(sorted(cmds, key=lambda c: c.ts_us), 1):
         comp = f"GPU {c.gpu}" if c.gpu is not None else (c.nic or c.peer_host or "host")
         action = c.action + (" (dry run)" if c.dry_run else "")
         table.add_row(
+            str(i),
             f"{(c.ts_us - t0_us) / 1e6:.1f}",
             c.host,
             comp,
             c.fault,
             action,
             f"{c.confidence:.2f}",
-            c.reason,
         )
-    return table
+        reasons.append(Text(f"{i}. {c.reason}"))
+    return Group(table, *reasons)
 
 
 def _truth_table(result: DemoResult, t0_us: int) -> Table:
@@ -225,7 +228,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
                         f"chat posts {len(chat.received)}"
                         + (" · waiting for the last decisions" if settle_until else "")
                     )
-                    live.update(Group(status, _commands_table(watcher.commands, t0_us)))
+                    live.update(Group(status, _commands_view(watcher.commands, t0_us)))
                     if not replayer.is_alive():
                         # Give the worker a moment after the replay; stop early once
                         # every injected fault has its decision.
