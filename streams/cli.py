@@ -5,8 +5,102 @@ Heavy imports stay inside the command functions so that `c4stream --help` is fas
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the main ``c4stream`` app."""
+    app.command("worker")(worker)
+    app.command("detect")(detect)
+
+
+def worker(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML file with the kafka and worker tables.")
+    ] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Kafka host:port (overrides the file).")
+    ] = None,
+    topic_prefix: Annotated[
+        str | None, typer.Option("--topic-prefix", help="Prefix of every topic name.")
+    ] = None,
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", help="Faust data dir and status.json.")
+    ] = None,
+) -> None:
+    """Run the Faust worker: c4.events -> verdicts -> c4.isolations, until SIGINT/SIGTERM."""
+    from streams.app.settings import WorkerConfigError, load_worker_config
+    from streams.app.topics_admin import TopicSetupError
+    from streams.worker import run_worker
+
+    try:
+        cfg = load_worker_config(
+            config,
+            bootstrap=bootstrap,
+            topic_prefix=topic_prefix,
+            workdir=str(workdir) if workdir else None,
+        )
+        code = run_worker(cfg)
+    except (WorkerConfigError, TopicSetupError, ValueError) as err:
+        typer.echo(f"c4stream worker: {err}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+def detect(
+    traces: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps."
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="Write isolation commands here (JSON lines; .gz ok)."),
+    ],
+    no_dry_run: Annotated[
+        bool, typer.Option("--no-dry-run", help="Mark commands as real (default: dry_run true).")
+    ] = False,
+    deny: Annotated[
+        list[str] | None, typer.Option("--deny", help="Host never isolated (repeatable).")
+    ] = None,
+    job_hosts: Annotated[
+        int | None, typer.Option("--job-hosts", help="Hosts in the job (for the isolation cap).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary table.")] = False,
+) -> None:
+    """Run the detection core over recorded traces, in event time, without Kafka."""
+    import sys
+
+    from rich.console import Console
+
+    from streams.core import PolicyConfig
+    from streams.detect import DetectInputError, run_detect, summary_table
+
+    err = Console(stderr=True, highlight=False)
+    policy = PolicyConfig(dry_run=not no_dry_run, deny_hosts=list(deny or []), job_hosts=job_hosts)
+    shown = 0
+
+    def on_bad(b) -> None:  # noqa: ANN001 - producers.traces.BadLine
+        nonlocal shown
+        shown += 1
+        if shown <= 20:
+            err.print(f"bad input: {b}", markup=False)
+        elif shown == 21:
+            err.print("bad input: more bad lines follow; counting only", markup=False)
+
+    try:
+        res = run_detect(traces, out, policy=policy, on_bad=on_bad)
+    except DetectInputError as e:
+        typer.echo(f"c4stream detect: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not quiet:
+        Console(width=None if sys.stdout.isatty() else 200).print(summary_table(res))
+    typer.echo(
+        f"{len(res.commands)} command(s) -> {out}; {res.n_events} events, {res.n_bad} bad "
+        f"lines, {res.elapsed_s:.2f} s",
+        err=True,
+    )

@@ -1,0 +1,108 @@
+"""Typed configuration of the detection core and of the isolation policy.
+
+One object of each is built by the caller (CLI, Faust worker, tests) and passed
+explicitly; nothing here reads the environment.
+
+>>> DetectConfig().window_us
+5000000
+>>> PolicyConfig().dry_run
+True
+>>> PolicyConfig().actions["straggler"]
+'cordon'
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from streams.commands import Action, Fault
+
+__all__ = ["DetectConfig", "PolicyConfig"]
+
+
+def _default_actions() -> dict[Fault, Action]:
+    return {
+        "noncomm_hang": "cordon_and_taint",
+        "comm_hang": "cordon_and_taint",
+        "straggler": "cordon",
+        "slow_nic": "cordon",
+        "slow_link": "cordon",
+    }
+
+
+class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Thresholds and windows of the per-communicator detectors (times in µs).
+
+    Defaults suit a training job with iterations of ~0.1-2 s and heartbeats every ~1 s.
+    """
+
+    window_us: int = 5_000_000
+    """Event-time window over which straggler and slow-connection evidence is judged."""
+    warmup_us: int = 5_000_000
+    """Job start-up: no verdicts until a communicator has been seen this long."""
+
+    # --- hangs -------------------------------------------------------------------
+    hang_floor_us: int = 2_500_000
+    """An in-flight collective is never called hung before this long, whatever was learned."""
+    hang_period_mult: float = 4.0
+    """... nor before this many times the communicator's learned normal period / op time."""
+    silent_us: int = 3_000_000
+    """A rank is silent when nothing arrived from it for this long while its peers report."""
+    hang_repeat_us: int = 5_000_000
+    """A hang still present is reported again after this long (fresh evidence)."""
+    min_waiting_frac: float = 0.5
+    """Fraction of live ranks that must sit in the in-flight collective to call a hang."""
+    max_culprit_frac: float = 0.34
+    """More ranks behind than this fraction is not one faulty rank (e.g. a planned stop)."""
+
+    # --- straggler ---------------------------------------------------------------
+    seq_ring: int = 64
+    """Collectives kept per communicator to align ranks by sequence number."""
+    seq_close_us: int = 3_000_000
+    """A collective still missing ranks after this long is judged with those present."""
+    min_present_frac: float = 0.8
+    """A collective is used only when this fraction of its ranks reported it."""
+    straggler_min_seqs: int = 5
+    """Collectives per window needed before a straggler is judged."""
+    straggler_last_frac: float = 0.6
+    """The straggler had the shortest kernel time in at least this fraction of them."""
+    straggler_min_wait: float = 0.08
+    """... and its peers waited at least this fraction longer than it, on median."""
+    straggler_min_z: float = 4.0
+    """... and its lateness stands this many robust standard deviations above the others."""
+
+    # --- slow connection ---------------------------------------------------------
+    conn_sample_every: int = 1
+    """Read the per-connection figures of one collective in this many (cost control)."""
+    slow_ratio: float = 0.75
+    """A connection is slow below this fraction of its communicator's median throughput."""
+    slow_min_cells: int = 3
+    """Inter-host connections per window needed before the throughput matrix is judged."""
+
+
+class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Safety rails between verdicts and isolation commands (times in µs)."""
+
+    dry_run: bool = True
+    """Commands carry ``dry_run: true``; the actuator then only reports what it would do."""
+    actions: dict[Fault, Action] = msgspec.field(default_factory=_default_actions)
+    """Action for each fault class; ``alert_only`` reports without isolating."""
+    deny_hosts: list[str] = []
+    """Hosts never isolated (their commands become ``alert_only``)."""
+    cooldown_us: int = 600_000_000
+    """After a command for a host, no other command for it during this long."""
+    max_isolated_frac: float = 0.25
+    """At most this fraction of a job's hosts isolated per hour (at least one)."""
+    cap_period_us: int = 3_600_000_000
+    job_hosts: int | None = None
+    """Hosts in the job, when known; otherwise the largest communicator seen tells."""
+    horizon_us: int = 60_000_000
+    """Evidence older than this (event time) is forgotten."""
+    hang_min_score: float = 0.8
+    """Summed verdict score needed for a hang."""
+    hang_settle_us: int = 1_500_000
+    """Wait this long after a hang's first verdict to hear every communicator."""
+    slow_min_windows: int = 2
+    """Distinct windows (or communicators) needed for a straggler or slow NIC/link."""
+    slow_min_score: float = 1.4
+    """Summed verdict score needed for a straggler or slow NIC/link."""

@@ -1,0 +1,347 @@
+"""HostCorrelator: joins verdicts per host across communicators and windows, applies
+the policy's safety rails, and emits isolation commands.
+
+One *episode* per (job, host, fault) gathers verdicts over ``horizon_us`` of event
+time. It is decided when its evidence is enough (a hang: summed score, after a short
+settle time so every communicator is heard; a straggler or slow NIC/link: distinct
+windows). The component (GPU, NIC, link) is the one most verdicts point at;
+communicators inside one host (tensor parallel over NVLink) name a GPU more precisely
+than cross-host ones, so they weigh double. Waiting ranks reported by hang detectors
+("these GPUs wait in collective N here") clear the same GPUs of blame for being
+behind elsewhere: a GPU stuck waiting is a victim of a hang, not its cause.
+
+Rails: deny list and the cap on isolated hosts per hour turn a command into
+``alert_only``; the cool-down per host drops further commands for it; ``dry_run``
+marks every command.
+
+>>> from streams.verdicts import Verdict
+>>> from streams.core.config import PolicyConfig
+>>> c = HostCorrelator(PolicyConfig(hang_settle_us=0))
+>>> v = Verdict(id="x", ts_us=5_000_000, job="j", comm="0xa", host="node-001", gpu=3,
+...             fault="noncomm_hang", score=0.9, reason="...", window_start_us=1_000_000,
+...             window_end_us=5_000_000, evidence={"target_collective": 12, "wait_s": 4.0,
+...             "comm_hosts": 16}, ranks=[1])
+>>> [cmd] = c.observe(v)
+>>> cmd.host, cmd.gpu, cmd.action, cmd.dry_run
+('node-001', 3, 'cordon_and_taint', True)
+>>> print(cmd.reason)  # doctest: +NORMALIZE_WHITESPACE
+node-001 GPU 3 hangs: it has not started collective 12 on 1 communicator while its peers
+waited 4.0 s.
+>>> c.observe(v)  # the same fault again: cool-down, nothing new
+[]
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from streams.commands import Action, IsolationCommand
+from streams.core.config import PolicyConfig
+from streams.core.stats import stable_id
+from streams.verdicts import Verdict
+
+__all__ = ["HostCorrelator"]
+
+_HANGS = ("noncomm_hang", "comm_hang")
+_WAIT_MEMORY_US = 15_000_000  # a "waiting" note clears a GPU for this long
+_MAX_ENTRIES = 256
+
+
+@dataclass(slots=True)
+class _Entry:
+    ts: int
+    comm: str
+    window: int
+    score: float
+    comp: tuple
+    intra: bool
+    ev: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Episode:
+    first_window: int
+    entries: deque = field(default_factory=lambda: deque(maxlen=_MAX_ENTRIES))
+    decided: str = ""
+
+
+class HostCorrelator:
+    """Joins verdicts across communicators and windows per host; applies the PolicyConfig
+    safety rails; emits commands."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        self.now = -1
+        self.episodes: dict[tuple[str, str, str], _Episode] = {}
+        self.waiting: dict[tuple[str, str, int, str], dict[str, tuple[int, int, float]]] = {}
+        """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms)}: where a GPU
+        was seen waiting (held up by a hang, a straggler or a slow ring)."""
+        self.cooldown: dict[tuple[str, str], int] = {}
+        self.isolated: dict[str, deque] = {}
+        self.job_hosts: dict[str, int] = {}
+        self.suppressed = 0
+
+    # ------------------------------------------------------------------ public API
+    def observe(self, verdict: Verdict) -> list[IsolationCommand]:
+        v = verdict
+        self.now = max(self.now, v.ts_us)
+        hosts = v.evidence.get("comm_hosts")
+        if isinstance(hosts, int) and hosts > self.job_hosts.get(v.job, 0):
+            self.job_hosts[v.job] = hosts
+        if v.benign:
+            if v.evidence.get("role") == "waiting":
+                extra = v.evidence.get("extra_ms") or [0.0] * len(v.evidence.get("gpus", []))
+                for g, x in zip(v.evidence.get("gpus", []), extra, strict=False):
+                    notes = self.waiting.setdefault((v.job, v.host, int(g), v.fault), {})
+                    first = notes[v.comm][0] if v.comm in notes else v.ts_us
+                    notes[v.comm] = (
+                        first,
+                        v.ts_us,
+                        max(float(x), notes.get(v.comm, (0, 0, 0.0))[2]),
+                    )
+            return []
+        key = (v.job, v.host, v.fault)
+        ep = self.episodes.get(key)
+        if ep is None:
+            ep = self.episodes[key] = _Episode(first_window=v.window_start_us)
+        comp = (v.gpu, v.nic, v.peer_host)
+        intra = v.evidence.get("comm_hosts") == 1
+        ep.entries.append(
+            _Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, v.evidence)
+        )
+        cmd = self._decide(key, ep)
+        return [cmd] if cmd else []
+
+    def advance(self, now_us: int) -> list[IsolationCommand]:
+        if now_us > self.now:
+            self.now = now_us
+        self._prune()
+        out = []
+        for key, ep in list(self.episodes.items()):
+            if not ep.decided and key[2] in _HANGS:
+                cmd = self._decide(key, ep)
+                if cmd:
+                    out.append(cmd)
+        return out
+
+    def to_bytes(self) -> bytes:
+        state = {k: v for k, v in self.__dict__.items() if k != "config"}
+        return pickle.dumps(state, protocol=5)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, config: PolicyConfig) -> HostCorrelator:
+        obj = cls.__new__(cls)
+        obj.__dict__.update(pickle.loads(data))
+        obj.config = config
+        return obj
+
+    # ------------------------------------------------------------------ internals
+    def _prune(self) -> None:
+        cut = self.now - self.config.horizon_us
+        for key in [k for k, ep in self.episodes.items() if ep.entries[-1].ts < cut]:
+            if not ep_in_cooldown(self, key):
+                del self.episodes[key]
+        wcut = self.now - _WAIT_MEMORY_US
+        for k in [k for k, t in self.waiting.items() if max(x[1] for x in t.values()) < wcut]:
+            del self.waiting[k]
+        for k in [k for k, t in self.cooldown.items() if t < self.now]:
+            del self.cooldown[k]
+
+    def _live(self, key: tuple[str, str, str], ep: _Episode) -> list[_Entry]:
+        cut = self.now - self.config.horizon_us
+        job, host, fault = key
+        out = [e for e in ep.entries if e.ts >= cut]
+        if fault in ("noncomm_hang", "straggler"):
+            out = [e for e in out if not self._victim(job, host, fault, e)]
+        return out
+
+    def _victim(self, job: str, host: str, fault: str, e: _Entry) -> bool:
+        """A GPU that waits in some other collective is a victim, not the cause: a hang
+        holds its peers inside collectives; a straggler's (or a slow ring's) delay shows
+        as extra kernel time in the communicator where the GPU waited."""
+        if e.comp[0] is None or e.ev.get("silent"):
+            return False
+        notes = self.waiting.get((job, host, e.comp[0], fault), {})
+        for comm, (first, last, extra_ms) in notes.items():
+            if comm == e.comm or not first - _WAIT_MEMORY_US <= e.ts <= last + _WAIT_MEMORY_US:
+                continue
+            if fault != "straggler" or extra_ms >= 0.5 * float(e.ev.get("late_ms", 0.0)):
+                return True
+        return False
+
+    def _decide(self, key: tuple[str, str, str], ep: _Episode) -> IsolationCommand | None:
+        job, host, fault = key
+        cfg = self.config
+        if (job, host) in self.cooldown and self.cooldown[(job, host)] >= self.now:
+            return None
+        live = self._live(key, ep)
+        if not live:
+            return None
+        # one vote per (communicator, window): repeated reports of one window add nothing
+        best: dict[tuple[str, int], _Entry] = {}
+        for e in live:
+            k = (e.comm, e.window)
+            if k not in best or e.score > best[k].score:
+                best[k] = e
+        total = sum(e.score for e in best.values())
+        windows = {e.window for e in best.values()}
+        comms = {e.comm for e in best.values()}
+        if fault in _HANGS:
+            first = min(e.ts for e in live)
+            if total < cfg.hang_min_score or self.now - first < cfg.hang_settle_us:
+                return None
+        elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
+            return None
+        comp, chosen = self._component(fault, list(best.values()))
+        return self._command(key, ep, comp, chosen, total, windows, comms)
+
+    @staticmethod
+    def _component(fault: str, entries: list[_Entry]) -> tuple[tuple, list[_Entry]]:
+        votes: dict[tuple, float] = {}
+        for e in entries:
+            votes[e.comp] = votes.get(e.comp, 0.0) + e.score * (2.0 if e.intra else 1.0)
+        comp = max(votes, key=lambda c: (votes[c], str(c)))
+        if fault == "noncomm_hang":
+            silent_gpus = {e.comp[0] for e in entries if e.ev.get("silent")}
+            if len(silent_gpus) >= 2:  # several GPUs of the host went quiet: the host
+                return (None, None, None), entries
+        return comp, [e for e in entries if e.comp == comp]
+
+    def _command(
+        self,
+        key: tuple[str, str, str],
+        ep: _Episode,
+        comp: tuple,
+        chosen: list[_Entry],
+        total: float,
+        windows: set[int],
+        comms: set[str],
+    ) -> IsolationCommand:
+        job, host, fault = key
+        cfg = self.config
+        gpu, nic, peer = comp
+        cid = "c4-" + stable_id(job, host, fault, gpu, nic, peer, ep.first_window)
+        action: Action = cfg.actions.get(fault, "alert_only")  # type: ignore[arg-type]
+        rail = ""
+        if host in cfg.deny_hosts:
+            action, rail = "alert_only", " Not isolated: the host is on the deny list."
+        elif action != "alert_only":
+            log = self.isolated.setdefault(job, deque())
+            while log and log[0] < self.now - cfg.cap_period_us:
+                log.popleft()
+            n_hosts = cfg.job_hosts or self.job_hosts.get(job, 1)
+            cap = max(1, math.floor(cfg.max_isolated_frac * n_hosts))
+            if len(log) >= cap:
+                action = "alert_only"
+                rail = (
+                    f" Not isolated: {len(log)} of {n_hosts} hosts of the job were "
+                    f"isolated in the last hour (cap {cap})."
+                )
+            else:
+                log.append(self.now)
+        ep.decided = cid
+        self.cooldown[(job, host)] = self.now + cfg.cooldown_us
+        used = {e.comm for e in chosen}
+        w0 = min(e.window for e in chosen)
+        w1 = max(e.ts for e in chosen)
+        evidence: dict[str, Any] = {
+            "communicators": sorted({str(e.ev.get("comm_name", e.comm)) for e in chosen}),
+            "comm_ids": sorted(used),
+            "windows": len({e.window for e in chosen}),
+            "verdicts": len(chosen),
+            "score": round(total, 3),
+            "first_window_us": w0,
+            "decided_after_s": round((self.now - w0) / 1e6, 1),
+            "all_communicators": len(comms),
+            "all_windows": len(windows),
+        }
+        reason = _reason(fault, host, comp, chosen, w0, w1) + rail
+        return IsolationCommand(
+            id=cid,
+            ts_us=self.now,
+            job=job,
+            host=host,
+            fault=fault,  # type: ignore[arg-type]
+            action=action,
+            confidence=round(min(0.99, 1 - math.exp(-total)), 3),
+            reason=reason,
+            evidence=evidence,
+            gpu=gpu,
+            nic=nic,
+            peer_host=peer,
+            dry_run=True if cfg.dry_run else None,
+        )
+
+
+def ep_in_cooldown(c: HostCorrelator, key: tuple[str, str, str]) -> bool:
+    return c.episodes[key].decided != "" and (key[0], key[1]) in c.cooldown
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def _reason(fault: str, host: str, comp: tuple, es: list[_Entry], w0: int, w1: int) -> str:
+    """One sentence a person on call can act on."""
+    gpu, nic, peer = comp
+    n_comms = len({e.comm for e in es})
+    on = _plural(n_comms, "communicator")
+    span = f"{max(1.0, (w1 - w0) / 1e6):.0f} s"
+    if fault == "straggler":
+        n = sum(int(e.ev.get("collectives", 0)) for e in es)
+        last = sum(e.ev.get("last_frac", 0) * e.ev.get("collectives", 0) for e in es) / max(n, 1)
+        vs = [e.ev["peer_time_vs_normal"] for e in es if e.ev.get("peer_time_vs_normal")]
+        px = _median([e.ev.get("peer_time_x", 1.0) for e in es])
+        wait = (
+            f"its peers waited {_median(vs):.1f}x their normal time"
+            if vs
+            else f"its peers spent {px:.1f}x its kernel time"
+        )
+        return (
+            f"{host} GPU {gpu} is a straggler: it arrived last in {last:.0%} of {n} "
+            f"collectives on {on} over {span}, {wait}."
+        )
+    if fault == "noncomm_hang":
+        tgt = sorted({e.ev.get("target_collective") for e in es if "target_collective" in e.ev})
+        wait = max((e.ev.get("wait_s", 0.0) for e in es), default=0.0)
+        coll = f"collective {tgt[0]}" if len(tgt) == 1 else "the current collective"
+        if gpu is None and any(e.ev.get("silent") for e in es):
+            gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None})
+            return (
+                f"{host} went silent: {_plural(len(gpus), 'GPU')} stopped reporting on "
+                f"{on} while their peers waited {wait:.1f} s in {coll}."
+            )
+        who = f"{host} GPU {gpu}" if gpu is not None else host
+        if all(e.ev.get("silent") for e in es):
+            return f"{who} went silent on {on} while its peers waited {wait:.1f} s in {coll}."
+        return (
+            f"{who} hangs: it has not started {coll} on {on} while its peers waited {wait:.1f} s."
+        )
+    if fault == "comm_hang":
+        wait = max((e.ev.get("wait_s", 0.0) for e in es), default=0.0)
+        why = es[-1].ev.get("why", "no progress")
+        what = f"link {host} {nic} -> {peer}" if peer else f"{host} {nic}"
+        return (
+            f"{what} is dead: a collective on {on} hung for {wait:.1f} s on all ranks "
+            f"({why} on the connections it carries)."
+        )
+    ratio = _median([e.ev.get("throughput_ratio", 1.0) for e in es])
+    windows = len({e.window for e in es})
+    if fault == "slow_nic":
+        return (
+            f"{host} {nic} is slow: its connections moved {ratio:.0%} of their peers' "
+            f"median throughput in {_plural(windows, 'window')} over {span} on {on}."
+        )
+    return (
+        f"link {host} {nic} -> {peer} is slow: it moved {ratio:.0%} of the median "
+        f"throughput in {_plural(windows, 'window')} over {span} on {on}."
+    )

@@ -1,0 +1,145 @@
+"""Slow-connection evidence: the src×dst matrix of per-connection throughput.
+
+Each op event may list its connections (bytes moved and time spent, per peer and
+direction). Summed over a window they give one throughput per directed cell
+sender→receiver. Cells are compared with the communicator's median inter-host cell
+(everybody slow at once cancels out). Then, per rank:
+
+- its sending cells (row) *and* receiving cells (column) slow → its NIC;
+- all of ≥2 sending cells slow, or all of ≥2 receiving cells slow → its NIC;
+- otherwise each remaining slow cell is a slow link sender→receiver.
+
+Worked example, a six-host ring 0→1→…→5→0 where host 1's NIC runs at half speed:
+cells (0,1) and (1,2) are slow; rank 1 has its one row cell and its one column cell
+slow → slow NIC on host 1. Had only (1,2) been slow, it is the link 1→2.
+
+>>> import numpy as np
+>>> m = ConnMatrix()
+>>> for s in range(6):
+...     m.add(s, (s + 1) % 6, 1000, 200.0 if s in (0, 1) else 100.0)
+>>> f = m.judge(np.arange(6), slow_ratio=0.75, min_cells=3)
+>>> [(x.kind, x.rank, x.peer) for x in f]
+[('nic', 1, None)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ConnMatrix", "SlowFinding"]
+
+
+@dataclass(frozen=True, slots=True)
+class SlowFinding:
+    """A slow NIC (``kind='nic'``, at ``rank``) or link (``rank`` → ``peer``)."""
+
+    kind: str
+    rank: int
+    peer: int | None
+    ratio: float
+    """Throughput of the culprit's cells over the communicator's median cell."""
+    cells: int
+    median_gbs: float
+
+
+class ConnMatrix:
+    """Bytes and time per directed cell (sender rank, receiver rank) over one window.
+
+    Batches are appended as numpy arrays and folded (``np.unique`` + ``bincount``) when
+    they pile up, so the cost per connection is a few numpy element operations and
+    the state is bounded by the number of distinct cells.
+    """
+
+    _FOLD_AT = 64
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, sender: int, receiver: int, nbytes: int, time_us: float) -> None:
+        self.add_many(np.array([sender]), np.array([receiver]), np.array([float(nbytes)]),
+                      np.array([float(time_us)]))  # fmt: skip
+
+    def add_many(
+        self, sender: np.ndarray, receiver: np.ndarray, nbytes: np.ndarray, time_us: np.ndarray
+    ) -> None:
+        self._parts.append((sender.astype(np.int64), receiver.astype(np.int64),
+                            nbytes.astype(np.float64), time_us.astype(np.float64)))  # fmt: skip
+        if len(self._parts) >= self._FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if not self._parts:
+            e = np.empty(0)
+            return e.astype(np.int64), e.astype(np.int64), e, e
+        s = np.concatenate([p[0] for p in self._parts])
+        d = np.concatenate([p[1] for p in self._parts])
+        b = np.concatenate([p[2] for p in self._parts])
+        t = np.concatenate([p[3] for p in self._parts])
+        key = (s << 32) | d
+        uk, inv = np.unique(key, return_inverse=True)
+        folded = (uk >> 32, uk & 0xFFFFFFFF, np.bincount(inv, b), np.bincount(inv, t))
+        self._parts = [folded]
+        return folded
+
+    @property
+    def cells(self) -> dict[tuple[int, int], list[float]]:
+        s, d, b, t = self._fold()
+        return {
+            (int(x), int(y)): [float(u), float(v)] for x, y, u, v in zip(s, d, b, t, strict=True)
+        }
+
+    def judge(self, host_idx: np.ndarray, slow_ratio: float, min_cells: int) -> list[SlowFinding]:
+        """Slow NICs and links of this window (inter-host cells only; NVLink is not a NIC)."""
+        s, d, b, t = self._fold()
+        if s.size < min_cells:
+            return []
+        vals = np.stack([b, t], axis=1)
+        ok = (vals[:, 1] > 0) & (s < host_idx.size) & (d < host_idx.size)
+        s, d, vals = s[ok], d[ok], vals[ok]
+        hs, hd = host_idx[s], host_idx[d]
+        inter = (hs >= 0) & (hd >= 0) & (hs != hd)
+        if inter.sum() < min_cells:
+            return []
+        s, d, vals = s[inter], d[inter], vals[inter]
+        tput = vals[:, 0] / vals[:, 1]  # bytes per µs = MB/s
+        med = float(np.median(tput))
+        if med <= 0:
+            return []
+        ratio = tput / med
+        slow = ratio < slow_ratio
+        if not slow.any() or slow.mean() > 0.34:  # a third of the fabric slow: not one part
+            return []
+        out: list[SlowFinding] = []
+        explained = np.zeros(slow.size, bool)
+        for r in np.unique(np.concatenate([s[slow], d[slow]])).tolist():
+            row, col = s == r, d == r
+            row_slow, col_slow = (row & slow).sum(), (col & slow).sum()
+            row_all = row.sum() > 0 and row_slow == row.sum()
+            col_all = col.sum() > 0 and col_slow == col.sum()
+            is_nic = (row_slow > 0 and col_slow > 0 and (row_all or col_all)) or (
+                (row_all and row.sum() >= 2) or (col_all and col.sum() >= 2)
+            )
+            if is_nic:
+                mine = (row | col) & slow
+                explained |= mine
+                out.append(
+                    SlowFinding(
+                        "nic",
+                        int(r),
+                        None,
+                        float(np.median(ratio[mine])),
+                        int(mine.sum()),
+                        med / 1e3,
+                    )
+                )
+        for i in np.flatnonzero(slow & ~explained).tolist():
+            out.append(SlowFinding("link", int(s[i]), int(d[i]), float(ratio[i]), 1, med / 1e3))
+        return out
+
+    def nbytes(self) -> int:
+        return sum(sum(a.nbytes for a in p) for p in self._parts)
