@@ -5,20 +5,27 @@
 ``[actuator]``, ``[archive]``, ``[alert]``) and the common ``[metrics]`` and ``[log]``.
 Environment variables ``C4STREAM__SECTION__KEY=value`` override the file, and
 ``KAFKA_BOOTSTRAP`` overrides the bootstrap servers. ``c4stream config check FILE``
-validates every table with the same types the services use.
+validates every table with the same code the services use to read it.
+
+Precedence, lowest first: defaults < file < ``C4STREAM__…`` environment < command-line
+flags (``overrides``, dotted keys); ``KAFKA_BOOTSTRAP`` wins over any bootstrap.
 
 >>> cfg = load_section("metrics", text="[metrics]\\nport = 9464", env={})
 >>> cfg.port, cfg.host
 (9464, '127.0.0.1')
+>>> load_section("metrics", text="[metrics]\\nport = 9464", env={}, overrides={"port": 1}).port
+1
 >>> check_config(text="[worker]\\nbatch_max = -1", env={})[0].ok
 False
 """
 
 from __future__ import annotations
 
+import enum
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import msgspec
@@ -27,7 +34,19 @@ from c4stream.kafka import KafkaConfig
 from c4stream.metrics import MetricsConfig
 from c4stream.settings_loader import SettingsError, load_raw
 
-__all__ = ["LogSettings", "SectionReport", "check_config", "load_section", "section_types"]
+__all__ = [
+    "LogSettings",
+    "Section",
+    "SectionReport",
+    "check_config",
+    "flag_overrides",
+    "load_section",
+    "section_types",
+]
+
+Converter = Callable[[dict[str, Any], Mapping[str, str]], Any]
+"""``(table, environment) -> typed object``; raises ``ValueError`` (or msgspec's
+``ValidationError``) with a message naming the bad setting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,42 +56,109 @@ class LogSettings:
     """One JSON object per line, for log shippers."""
 
 
-def _worker() -> type:
+def _dec_hook(typ: type, obj: Any) -> Any:
+    # msgspec has no Path type: the exporter's dataclass uses Path fields.
+    if isinstance(typ, type) and issubclass(typ, PurePath) and isinstance(obj, str):
+        return typ(obj)
+    raise NotImplementedError(f"{typ} is not a supported setting type")
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """How one table becomes the typed object its service uses.
+
+    ``convert`` is for services whose loader does more than a type check (the alerter
+    resolves ``url_env`` from the environment); by default the table is converted to
+    ``cls`` with msgspec.
+    """
+
+    cls: type
+    convert: Converter | None = None
+
+    def build(self, data: dict[str, Any], env: Mapping[str, str]) -> Any:
+        if self.convert is not None:
+            return self.convert(data, env)
+        if is_dataclass(
+            self.cls
+        ):  # msgspec ignores unknown keys of dataclasses; a typo must not pass
+            known = {f.name for f in fields(self.cls)}
+            unknown = sorted(set(data) - known)
+            if unknown:
+                raise ValueError(
+                    f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+                )
+        return msgspec.convert(data, self.cls, dec_hook=_dec_hook)
+
+
+def _worker() -> Section:
     from streams.app.settings import WorkerConfig
 
-    return WorkerConfig
+    def convert(data: dict[str, Any], env: Mapping[str, str]) -> Any:
+        cfg = msgspec.convert(data, WorkerConfig)
+        _check_core_tables(cfg)
+        return cfg
+
+    return Section(WorkerConfig, convert)
 
 
-def _exporter() -> type:
+def _check_core_tables(cfg: Any) -> None:
+    """``[worker.detect]``/``[worker.policy]`` against the detection core's own types.
+
+    The worker keeps them as plain tables (it builds the core's objects at start-up),
+    so without this a typo in a threshold would pass the check silently.
+    """
+    try:
+        import streams.core as core
+    except ImportError:  # the core is optional for the check; the worker needs it
+        return
+    for name, type_name in (("detect", "DetectConfig"), ("policy", "PolicyConfig")):
+        cls = getattr(core, type_name, None)
+        table = getattr(cfg, name, None)
+        if cls is None or not table:
+            continue
+        known = set(getattr(cls, "__struct_fields__", ()))
+        unknown = sorted(set(table) - known) if known else []
+        if unknown:
+            raise SettingsError(
+                f"[worker.{name}] unknown setting(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        try:
+            msgspec.convert(table, cls)
+        except msgspec.ValidationError as err:
+            raise SettingsError(f"[worker.{name}] {err}") from None
+
+
+def _exporter() -> Section:
     from producers.exporter.core import ExporterConfig
 
-    return ExporterConfig
+    return Section(ExporterConfig)
 
 
-def _actuator() -> type:
+def _actuator() -> Section:
     from sinks.actuator.config import ActuatorConfig
 
-    return ActuatorConfig
+    return Section(ActuatorConfig)
 
 
-def _archive() -> type:
+def _archive() -> Section:
     from sinks.archive.consumer import ArchiveConfig
 
-    return ArchiveConfig
+    return Section(ArchiveConfig)
 
 
-def _alert() -> type:
-    from sinks.alert.config import AlertConfig
+def _alert() -> Section:
+    from sinks.alert.config import AlertConfig, config_from_table
 
-    return AlertConfig
+    return Section(AlertConfig, lambda data, env: config_from_table(data, env, "[alert]"))
 
 
-def section_types() -> dict[str, Callable[[], type]]:
-    """Each table of the file and (lazily, to keep start-up fast) the type it must fit."""
+def section_types() -> dict[str, Callable[[], Section]]:
+    """Each table of the file and (lazily, to keep start-up fast) how it is read."""
     return {
-        "kafka": lambda: KafkaConfig,
-        "metrics": lambda: MetricsConfig,
-        "log": lambda: LogSettings,
+        "kafka": lambda: Section(KafkaConfig),
+        "metrics": lambda: Section(MetricsConfig),
+        "log": lambda: Section(LogSettings),
         "worker": _worker,
         "exporter": _exporter,
         "actuator": _actuator,
@@ -91,8 +177,18 @@ def _section_data(doc: Mapping[str, Any], name: str, cls: type) -> dict[str, Any
     data = dict(doc.get(name, {}))
     # The shared [kafka] table fills a service's own kafka settings unless it has some.
     if name != "kafka" and _has_kafka_field(cls) and "kafka" not in data and "kafka" in doc:
-        data["kafka"] = doc["kafka"]
+        data["kafka"] = dict(doc["kafka"])
     return data
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        node[part] = child = dict(child) if isinstance(child, Mapping) else {}
+        node = child
+    node[last] = value
 
 
 def load_section(
@@ -102,14 +198,57 @@ def load_section(
     text: str | None = None,
     env: Mapping[str, str] | None = None,
     cls: type | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Any:
-    """The typed settings of one service from the file (defaults where it is silent)."""
-    target = cls or section_types()[name]()
+    """The typed settings of one service from the file (defaults where it is silent).
+
+    ``overrides`` are dotted keys (``"kafka.bootstrap"``, ``"group"``) from command-line
+    flags; they win over the file and the environment. Raises :class:`SettingsError`.
+    """
+    env = os.environ if env is None else env
+    section = Section(cls) if cls is not None else section_types()[name]()
     doc, source = load_raw(path, text=text, env=env)
+    if not isinstance(doc.get(name, {}), Mapping):
+        raise SettingsError(f"{source}: [{name}] must be a table")
+    data = _section_data(doc, name, section.cls)
+    for key, value in (overrides or {}).items():
+        _set_dotted(data, key, value)
+    if overrides:
+        source += " + command line"
     try:
-        return msgspec.convert(_section_data(doc, name, target), target)
-    except msgspec.ValidationError as err:
-        raise SettingsError(f"{source}: [{name}] {err}") from None
+        return section.build(data, env)
+    except (msgspec.ValidationError, ValueError) as err:
+        msg = str(err)
+        if msg.startswith(f"[{name}"):
+            raise SettingsError(f"{source}: {msg}") from None
+        raise SettingsError(f"{source}: [{name}] {msg}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def flag_overrides(ctx: Any, keys: Mapping[str, str], **values: Any) -> dict[str, Any]:
+    """Dotted config keys of the options the user actually gave (not their defaults).
+
+    ``ctx`` is the Click/Typer context, ``keys`` maps an option's parameter name to its
+    config key; ``values`` replaces a parameter's raw value (e.g. a list split on commas).
+    Flags absent from the command line leave the file's value in place.
+    """
+    out: dict[str, Any] = {}
+    for param, key in keys.items():
+        # Compared by name: Typer ships its own copy of Click (typer._click), whose
+        # ParameterSource is a different enum from click's.
+        source = ctx.get_parameter_source(param)
+        if getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT"):
+            out[key] = _plain(values[param] if param in values else ctx.params[param])
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +265,7 @@ def check_config(
     env: Mapping[str, str] | None = None,
 ) -> list[SectionReport]:
     """Validate every table; unknown tables are errors too (a typo must not pass)."""
+    env = os.environ if env is None else env
     doc, source = load_raw(path, text=text, env=env)
     types = section_types()
     out: list[SectionReport] = []
@@ -137,10 +277,15 @@ def check_config(
     for name, get in types.items():
         if name not in doc:
             continue
-        cls = get()
+        section = get()
+        if not isinstance(doc[name], Mapping):
+            out.append(SectionReport(name, False, f"{source}: {name} must be a [{name}] table"))
+            continue
         try:
-            msgspec.convert(_section_data(doc, name, cls), cls)
+            section.build(_section_data(doc, name, section.cls), env)
             out.append(SectionReport(name, True, "ok"))
-        except msgspec.ValidationError as err:
-            out.append(SectionReport(name, False, f"{source}: [{name}] {err}"))
+        except (msgspec.ValidationError, ValueError) as err:
+            msg = str(err)
+            where = "" if msg.startswith(f"[{name}") else f"[{name}] "
+            out.append(SectionReport(name, False, f"{source}: {where}{msg}"))
     return out

@@ -1,7 +1,7 @@
 """Prometheus metrics every service exposes, and the endpoint that serves them.
 
 One set of metric families shared by all stages, labelled by ``stage``, so one
-Grafana dashboard (compose/grafana-dashboard.json) covers the whole pipeline. The
+Grafana dashboard (compose/grafana/c4stream-dashboard.json) covers the whole pipeline. The
 endpoint binds to 127.0.0.1 unless told otherwise: metrics are not for the world.
 
 >>> m = Metrics()
@@ -51,10 +51,16 @@ class Metrics:
             "c4stream_deadletters", "Inputs sent to the dead-letter topic", ["stage"], registry=r
         )
         self.verdicts = Counter(
-            "c4stream_verdicts", "Verdicts emitted by detectors", ["fault"], registry=r
+            "c4stream_verdicts",
+            "Verdicts emitted (stage=worker) or received (sinks)",
+            ["stage", "fault"],
+            registry=r,
         )
         self.isolations = Counter(
-            "c4stream_isolations", "Isolation commands decided", ["fault", "action"], registry=r
+            "c4stream_isolations",
+            "Isolation commands decided (stage=worker) or received (sinks)",
+            ["stage", "fault", "action"],
+            registry=r,
         )
         self.actions = Counter(
             "c4stream_sink_actions", "Actions taken by sinks", ["stage", "outcome"], registry=r

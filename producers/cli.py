@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+
 
 def simulate(
     scenario: Annotated[
@@ -46,9 +48,17 @@ _BOOTSTRAP_HELP = "Kafka host:port (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)
 
 
 def exporter(
+    ctx: typer.Context,
     directory: Annotated[
-        Path, typer.Option("--dir", help="NCCL Inspector dump directory to follow")
-    ],
+        Path | None,
+        typer.Option(
+            "--dir", help="NCCL Inspector dump directory to follow ([exporter].directory)"
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="c4stream.toml ([kafka], [exporter]); flags win over it"),
+    ] = None,
     bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=_BOOTSTRAP_HELP)] = None,
     interval: Annotated[
         float, typer.Option("--interval", help="seconds per batch per communicator")
@@ -63,33 +73,52 @@ def exporter(
         str | None, typer.Option("--job", help="job id (default: from the dir name)")
     ] = None,
     pattern: Annotated[str, typer.Option("--pattern", help="file names to follow")] = "*.log",
+    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
+    ] = "127.0.0.1",
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
+    log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
 ) -> None:
     """Follow an NCCL Inspector dump directory and publish its events to Kafka."""
-    import logging
-
     from rich.console import Console
 
-    from c4stream.kafka import KafkaConfig
+    from c4stream.config import flag_overrides, load_section
+    from c4stream.service import start_service
+    from c4stream.settings_loader import SettingsError
     from producers.exporter import ExporterConfig, run_exporter
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    kafka = KafkaConfig(bootstrap=bootstrap) if bootstrap else KafkaConfig()
-    cfg = ExporterConfig(
-        directory=directory,
-        kafka=kafka,
-        events_topic=topic,
-        deadletter_topic=deadletter_topic,
-        interval_s=interval,
-        state_file=state_file,
-        job=job,
-        pattern=pattern,
-    )
-    stats = run_exporter(cfg)
+    # Flags given on the command line win over [exporter]; [exporter] over the defaults.
+    flags = flag_overrides(ctx, _EXPORTER_FLAGS)
+    try:
+        svc = start_service(config, ctx, stage="exporter")
+        cfg: ExporterConfig = load_section("exporter", config, overrides=flags)
+    except SettingsError as err:
+        if directory is None and "`directory`" in str(err):
+            raise typer.BadParameter(
+                "--dir DIR (or [exporter] directory = DIR in --config) is required",
+                param_hint="--dir",
+            ) from None
+        raise typer.BadParameter(str(err), param_hint="--config") from None
+    stats = run_exporter(cfg, metrics=svc.metrics)
     Console(stderr=True).print(
         f"exporter stopped: {stats.lines} lines, {stats.events} events, "
         f"{stats.delivered}/{stats.messages} messages acknowledged, "
         f"{stats.deadletters} dead letters"
     )
+
+
+#: Option parameter -> key of the [exporter] table.
+_EXPORTER_FLAGS = {
+    "directory": "directory",
+    "bootstrap": "kafka.bootstrap",
+    "interval": "interval_s",
+    "state_file": "state_file",
+    "topic": "events_topic",
+    "deadletter_topic": "deadletter_topic",
+    "job": "job",
+    "pattern": "pattern",
+}
 
 
 def replay(

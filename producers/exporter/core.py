@@ -29,8 +29,10 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, Message
 
+from c4stream.consumer_lag import observe_latency
 from c4stream.deadletter import DeadLetter
 from c4stream.kafka import KafkaConfig
+from c4stream.metrics import Metrics
 from producers.events import encode_message
 from producers.exporter.positions import FilePosition, PositionStore
 from producers.exporter.publisher import Publisher, PublisherConfig, PublisherStopped
@@ -46,6 +48,8 @@ __all__ = ["Exporter", "ExporterConfig", "ExporterStats"]
 _encode_event = encode_message  # one event in, its JSON object out
 
 log = logging.getLogger(__name__)
+
+STAGE = "exporter"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +97,8 @@ class _Unit:
     """Encoded events of a batch; bytes, not event objects, so the GC has less to walk."""
     nbytes: int = 0
     first: dict[str, ReadPosition] = field(default_factory=dict)
+    ts_us: int = 0
+    """Newest event time in a batch (for the processing-latency metric); 0: none."""
 
     def cover(self, line: Line) -> None:
         # Lines of one file arrive in file order, so the first one seen is the earliest.
@@ -109,8 +115,11 @@ class Exporter:
         *,
         clock: Callable[[], float] = time.monotonic,
         publisher: Publisher | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics
+        self._counted = ExporterStats()
         self.job = config.job or inspector_job_from_dir(config.directory, default="unknown")
         self._clock = clock
         self._store = PositionStore(config.state_file)
@@ -193,6 +202,7 @@ class Exporter:
         unit.parts.append(part)
         unit.nbytes += len(part) + 1
         unit.cover(line)
+        unit.ts_us = ev.ts_us
         self.stats.events += 1
         if (
             len(unit.parts) >= self.config.max_batch_events
@@ -214,6 +224,8 @@ class Exporter:
             if err is None:
                 self._inflight.discard(unit)
                 self.stats.delivered += 1
+                if self.metrics is not None and unit.ts_us:
+                    observe_latency(self.metrics, STAGE, ts_us=unit.ts_us)
             else:
                 self.stats.delivery_errors += 1
                 log.warning("delivery to %s failed, will resend: %s", unit.topic, err)
@@ -263,3 +275,32 @@ class Exporter:
             self._store.save(files)
             self._saved = files
             self.stats.positions_saved += 1
+
+    def sync_metrics(self) -> None:
+        """Add the counters' growth since the last call to the Prometheus families.
+
+        Called once per loop step rather than per line: the hot path only bumps ints.
+        """
+        m = self.metrics
+        if m is None:
+            return
+        s, c = self.stats, self._counted
+        for counter, grew in (
+            (m.messages_in.labels(stage=STAGE), s.lines - c.lines),
+            (m.events_in.labels(stage=STAGE), s.events - c.events),
+            (m.deadletters.labels(stage=STAGE), s.deadletters - c.deadletters),
+            (m.actions.labels(stage=STAGE, outcome="delivered"), s.delivered - c.delivered),
+            (
+                m.actions.labels(stage=STAGE, outcome="delivery_error"),
+                s.delivery_errors - c.delivery_errors,
+            ),
+        ):
+            if grew > 0:
+                counter.inc(grew)
+        self._counted = ExporterStats(
+            lines=s.lines,
+            events=s.events,
+            deadletters=s.deadletters,
+            delivered=s.delivered,
+            delivery_errors=s.delivery_errors,
+        )

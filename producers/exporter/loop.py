@@ -11,6 +11,7 @@ import signal
 import threading
 from types import FrameType
 
+from c4stream.metrics import Metrics
 from producers.exporter.core import Exporter, ExporterConfig, ExporterStats
 
 __all__ = ["run_exporter"]
@@ -23,16 +24,18 @@ def run_exporter(
     *,
     stop: threading.Event | None = None,
     poll_s: float | None = None,
+    metrics: Metrics | None = None,
 ) -> ExporterStats:
     """Run until ``stop`` is set or SIGTERM/SIGINT arrives; returns the final counts.
 
-    Signal handlers are installed only when called from the main thread.
+    Signal handlers are installed only when called from the main thread. With
+    ``metrics``, the counters are brought up to date after every step.
     """
     stop = stop or threading.Event()
     poll_s = poll_s if poll_s is not None else min(0.2, config.interval_s / 5)
     previous: dict[int, object] = {}
 
-    exporter = Exporter(config)
+    exporter = Exporter(config, metrics=metrics)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("signal %d: flushing and stopping", signum)
@@ -45,6 +48,7 @@ def run_exporter(
     try:
         while not stop.is_set():
             exporter.poll_once()
+            exporter.sync_metrics()
             stop.wait(poll_s)
     finally:
         exporter.request_stop()

@@ -8,7 +8,6 @@ imported when the command runs.
 from __future__ import annotations
 
 import enum
-import logging
 import signal
 import threading
 from pathlib import Path
@@ -17,12 +16,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sinks.actuator.config import (
-    DEFAULT_LEDGER,
-    ActuatorConfig,
-    CommandSettings,
-    KubernetesSettings,
-)
+from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+from sinks.actuator.config import DEFAULT_LEDGER, ActuatorConfig
 
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
@@ -54,6 +49,11 @@ class Effect(enum.StrEnum):
 
 
 def actuate(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="c4stream.toml ([kafka], [actuator]); flags win over it."),
+    ] = None,
     bootstrap: Annotated[
         str, typer.Option("--bootstrap", "-b", help="Kafka bootstrap; KAFKA_BOOTSTRAP overrides.")
     ] = "127.0.0.1:9092",
@@ -130,43 +130,34 @@ def actuate(
     ] = None,
     max_messages: Annotated[int | None, typer.Option("--max-messages")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
+    ] = "127.0.0.1",
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
+    log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
 ) -> None:
-    from c4stream.kafka import KafkaConfig
+    from c4stream.config import flag_overrides, load_section
+    from c4stream.service import start_service
+    from c4stream.settings_loader import SettingsError
     from sinks.actuator.backends import ActuatorError
     from sinks.actuator.consumer import run
     from sinks.actuator.ledger import Ledger
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    # Flags given on the command line win over the file; the file over the defaults.
+    flags = flag_overrides(
+        ctx,
+        _FLAG_KEYS,
+        deny=[h.strip() for d in deny or () for h in d.split(",") if h.strip()],
     )
-    cfg = ActuatorConfig(
-        kafka=KafkaConfig(bootstrap=bootstrap, topic_prefix=topic_prefix),
-        group=group,
-        backend=backend.value,
-        execute=execute,
-        deny=tuple(h.strip() for d in deny or () for h in d.split(",") if h.strip()),
-        ledger_path=str(ledger),
-        attempts=attempts,
-        retry_backoff_s=retry_backoff,
-        exit_when_idle_s=exit_when_idle,
-        max_messages=max_messages,
-        isolations=isolations_topic,
-        deadletter=deadletter_topic,
-        kubernetes=KubernetesSettings(
-            kubeconfig=kubeconfig,
-            context=context,
-            in_cluster=in_cluster,
-            taint_key=taint_key,
-            cordon_and_taint_effect=cordon_and_taint_effect.value,
-            event_namespace=event_namespace,
-        ),
-        command=CommandSettings(
-            template=command_template,
-            restart_template=restart_command_template,
-            timeout_s=command_timeout,
-        ),
-    )
+    try:
+        svc = start_service(
+            config, ctx, stage="actuator", log_values={"log_level": "DEBUG"} if verbose else None
+        )
+        cfg: ActuatorConfig = load_section("actuator", config, overrides=flags)
+    except SettingsError as err:
+        typer.echo(f"c4stream actuate: {err}", err=True)
+        raise typer.Exit(2) from None
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -177,11 +168,38 @@ def actuate(
     try:
         be = make_backend(cfg)
         with Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led:
-            stats = run(cfg, be, led, stop=stop)
+            stats = run(cfg, be, led, stop=stop, metrics=svc.metrics)
     except ActuatorError as err:
         typer.echo(f"c4stream actuate: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"c4stream actuate: {stats}", err=True)
+
+
+#: Option parameter -> key of the [actuator] table.
+_FLAG_KEYS = {
+    "bootstrap": "kafka.bootstrap",
+    "topic_prefix": "kafka.topic_prefix",
+    "group": "group",
+    "backend": "backend",
+    "execute": "execute",
+    "deny": "deny",
+    "ledger": "ledger_path",
+    "attempts": "attempts",
+    "retry_backoff": "retry_backoff_s",
+    "exit_when_idle": "exit_when_idle_s",
+    "max_messages": "max_messages",
+    "isolations_topic": "isolations",
+    "deadletter_topic": "deadletter",
+    "kubeconfig": "kubernetes.kubeconfig",
+    "context": "kubernetes.context",
+    "in_cluster": "kubernetes.in_cluster",
+    "taint_key": "kubernetes.taint_key",
+    "cordon_and_taint_effect": "kubernetes.cordon_and_taint_effect",
+    "event_namespace": "kubernetes.event_namespace",
+    "command_template": "command.template",
+    "restart_command_template": "command.restart_template",
+    "command_timeout": "command.timeout_s",
+}
 
 
 def make_backend(cfg: ActuatorConfig) -> Backend:

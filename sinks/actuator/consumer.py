@@ -26,7 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from c4stream.consumer_lag import LagMonitor, observe_latency
 from c4stream.deadletter import DeadLetter
+from c4stream.metrics import Metrics
 from sinks.actuator.backends import (
     ActuatorConfigError,
     ActuatorError,
@@ -42,6 +44,15 @@ from streams.commands import CommandDecodeError, IsolationCommand, decode_comman
 __all__ = ["Actuator", "DeadLetterError", "Handled", "Interrupted", "RunStats", "run"]
 
 log = logging.getLogger("c4stream.actuator")
+
+STAGE = "actuator"
+
+
+def _outcome(h: Handled) -> str:
+    """Label of ``c4stream_sink_actions_total``: acted, failed, dry_run, denied, …"""
+    if h.status == "failed":
+        return "failed"
+    return "acted" if h.decision == "act" else h.decision
 
 
 class DeadLetterError(ActuatorError):
@@ -172,8 +183,12 @@ def run(
     ledger: Ledger,
     *,
     stop: threading.Event | None = None,
+    metrics: Metrics | None = None,
 ) -> RunStats:
     """Consume ``c4.isolations`` until ``stop``, idle timeout or ``max_messages``.
+
+    With ``metrics``: messages in, dead letters, isolations received (by fault and
+    action), sink actions (by outcome: the decision), consumer lag, processing latency.
 
     Raises :class:`~sinks.actuator.backends.ActuatorConfigError` or
     :class:`DeadLetterError` without committing the message at hand.
@@ -192,6 +207,7 @@ def run(
 
     consumer = Consumer(cfg.kafka.consumer_config(cfg.group))
     producer: Producer | None = None
+    lag = LagMonitor(consumer, metrics, STAGE) if metrics is not None else None
 
     def dead_letter(msg: Message, reason: str) -> None:
         nonlocal producer
@@ -200,7 +216,7 @@ def run(
         rec = DeadLetter.of(
             msg.value() or b"",
             reason=reason,
-            stage="actuator",
+            stage=STAGE,
             source=f"{msg.topic()}[{msg.partition()}]@{msg.offset()}",
             key=msg.key(),
         )
@@ -217,6 +233,8 @@ def run(
                 f"dead letter for {rec.source} not delivered to {dl_topic}: "
                 f"{errors[0] if errors else 'timed out after 30s'}"
             )
+        if metrics is not None:
+            metrics.deadletters.labels(stage=STAGE).inc()
 
     consumer.subscribe([topic], on_assign=on_assign)
     log.info(
@@ -229,6 +247,8 @@ def run(
     last = time.monotonic()
     try:
         while not stop.is_set():
+            if lag is not None:
+                lag.maybe_update()
             msg = consumer.poll(cfg.poll_timeout_s)
             now = time.monotonic()
             if msg is None:
@@ -249,6 +269,8 @@ def run(
                 continue
             last = now
             stats.received += 1
+            if metrics is not None:
+                metrics.messages_in.labels(stage=STAGE).inc()
             source = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
             try:
                 cmd = decode_command(msg.value() or b"")
@@ -257,12 +279,17 @@ def run(
                 log.error("INVALID %s: %s (dead-lettered)", source, decode_err)
                 dead_letter(msg, f"invalid isolation command: {decode_err}")
             else:
+                if metrics is not None:
+                    metrics.isolations.labels(stage=STAGE, fault=cmd.fault, action=cmd.action).inc()
+                    observe_latency(metrics, STAGE, ts_us=cmd.ts_us)
                 try:
                     handled = actuator.handle(cmd)
                 except Interrupted as stopped:
                     log.warning("%s; not committed, it will be delivered again", stopped)
                     break
                 stats.count(handled)
+                if metrics is not None:
+                    metrics.actions.labels(stage=STAGE, outcome=_outcome(handled)).inc()
                 if handled.deadletter_reason is not None:
                     dead_letter(msg, handled.deadletter_reason)
             try:

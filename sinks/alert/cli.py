@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+
 alert_app = typer.Typer(
     help=(
         "Post isolation commands and verdicts to ops chat (Slack, Mattermost, Teams, "
@@ -20,17 +22,35 @@ alert_app = typer.Typer(
     no_args_is_help=False,
 )
 
-_CONFIG_HELP = "TOML file of destination tables (type, url, secret, min_severity)."
+_CONFIG_HELP = (
+    "alert.toml of [[destination]] tables (type, url, secret, min_severity), or the "
+    "one c4stream.toml with an [alert] table and [[alert.destination]]."
+)
+
+
+def _is_unified(config: Path) -> bool:
+    """Whether ``config`` is c4stream.toml (it has an ``[alert]`` table) rather than the
+    alerter's own alert.toml (top-level ``[[destination]]``)."""
+    import tomllib
+
+    try:
+        return isinstance(tomllib.loads(config.read_text(encoding="utf-8")).get("alert"), dict)
+    except (OSError, tomllib.TOMLDecodeError):
+        return False  # the loader below reports the problem with the file's name
 
 
 def _load(config: Path):  # -> AlertConfig
     import os
 
+    from c4stream.config import load_section
+    from c4stream.settings_loader import SettingsError
     from sinks.alert.config import ConfigError, load_config
 
     try:
+        if _is_unified(config):
+            return load_section("alert", config)
         return load_config(config, env=os.environ)
-    except ConfigError as err:
+    except (ConfigError, SettingsError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
 
@@ -56,23 +76,39 @@ def alert(
         False, "--from-beginning", help="A new consumer group reads the topics from the start."
     ),
     log_level: str = typer.Option("INFO", "--log-level"),
+    metrics_port: int = typer.Option(0, "--metrics-port", help=METRICS_PORT_HELP),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help=METRICS_HOST_HELP),
+    log_json: bool = typer.Option(False, "--log-json", help=LOG_JSON_HELP),
 ) -> None:
     """Consume c4.isolations and c4.verdicts and post grouped alerts until interrupted."""
     if ctx.invoked_subcommand is not None:
         return
     if config is None:
-        typer.echo("error: --config alert.toml is required (see sinks/ALERTS.md)", err=True)
+        typer.echo(
+            "error: --config alert.toml (or c4stream.toml with [alert]) is required "
+            "(see sinks/ALERTS.md)",
+            err=True,
+        )
         raise typer.Exit(2)
     import asyncio
     import signal
 
-    from c4stream.kafka import KafkaConfig
+    from c4stream.config import flag_overrides, load_section
+    from c4stream.service import start_service
+    from c4stream.settings_loader import SettingsError
     from sinks.alert.alerter import Alerter
     from sinks.alert.consumer import AlertConsumer
 
-    _logging(log_level)
     cfg = _load(config)
-    kafka = KafkaConfig(bootstrap=bootstrap, topic_prefix=topic_prefix)
+    # [kafka], [metrics] and [log] come from the file only when it is c4stream.toml.
+    shared = config if _is_unified(config) else None
+    flags = flag_overrides(ctx, {"bootstrap": "bootstrap", "topic_prefix": "topic_prefix"})
+    try:
+        svc = start_service(shared, ctx, stage="alerter")
+        kafka = load_section("kafka", shared, overrides=flags)
+    except SettingsError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -80,7 +116,13 @@ def alert(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         async with Alerter.from_config(cfg) as alerter:
-            consumer = AlertConsumer(alerter, kafka, group_id=group, from_beginning=from_beginning)
+            consumer = AlertConsumer(
+                alerter,
+                kafka,
+                group_id=group,
+                from_beginning=from_beginning,
+                metrics=svc.metrics,
+            )
             await consumer.run(stop)
             await alerter.delivery.drain(10.0)
             typer.echo(f"alerter stopped: {consumer.stats}, {alerter.delivery.stats}", err=True)

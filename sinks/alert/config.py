@@ -40,7 +40,15 @@ import msgspec
 
 from sinks.alert.model import Severity
 
-__all__ = ["AlertConfig", "ConfigError", "Destination", "TargetType", "load_config", "redact_url"]
+__all__ = [
+    "AlertConfig",
+    "ConfigError",
+    "Destination",
+    "TargetType",
+    "config_from_table",
+    "load_config",
+    "redact_url",
+]
 
 TargetType = Literal[
     "slack", "mattermost", "teams", "dingtalk", "feishu", "discord", "alertmanager"
@@ -168,14 +176,30 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Alert
         raise ConfigError(f"{path}: no such alert config file") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return config_from_table(raw, env or {}, str(path))
+
+
+def config_from_table(
+    raw: Mapping[str, Any], env: Mapping[str, str], where: str = "alert config"
+) -> AlertConfig:
+    """The alerter's settings from a parsed table: a whole ``alert.toml`` (top-level
+    ``[[destination]]``) or the ``[alert]`` table of ``c4stream.toml``
+    (``[[alert.destination]]``); ``where`` names it in errors.
+
+    >>> cfg = config_from_table({"destination": [{"type": "slack", "url_env": "U"}]},
+    ...                         {"U": "https://hooks.slack.com/x"}, "[alert]")
+    >>> cfg.destination[0].name
+    'slack-0'
+    """
+    raw = dict(raw)
     dests = raw.get("destination")
     if not isinstance(dests, list):
-        raise ConfigError(f"{path}: add at least one [[destination]] table")
+        raise ConfigError(f"{where}: add at least one [[destination]] table")
     raw["destination"] = [
-        _resolve_env(d, env or {}, f"{path}: destination #{i + 1}") for i, d in enumerate(dests)
+        _resolve_env(d, env, f"{where}: destination #{i + 1}") for i, d in enumerate(dests)
     ]
     try:
         return msgspec.convert(raw, AlertConfig)
     except msgspec.ValidationError as err:
         # msgspec's message names the field path but never echoes values (no secret leaks).
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{where}: {err}") from None

@@ -11,6 +11,11 @@ starts at the end of the topics (``from_beginning=False``): starting a chat aler
 must not replay last week's decisions into the channel.
 
 Undecodable messages go to ``c4.deadletter`` (stage ``alerter``) and are skipped.
+
+With a :class:`~c4stream.metrics.Metrics`, the consumer also counts messages in, dead
+letters, commands and verdicts received, webhook outcomes (``c4stream_sink_actions``:
+delivered, failed, retried, dropped — taken from the delivery counters each tick),
+consumer lag and processing latency.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import logging
 import time
 from dataclasses import dataclass
 
+from c4stream.consumer_lag import LagMonitor, observe_latency
 from c4stream.deadletter import DeadLetter
 from c4stream.kafka import KafkaConfig
+from c4stream.metrics import Metrics
 from c4stream.topics import Topics
 from sinks.alert.alerter import Alerter
 from streams.commands import CommandDecodeError, decode_command
@@ -30,6 +37,8 @@ from streams.verdicts import VerdictDecodeError, decode_verdict
 __all__ = ["AlertConsumer", "ConsumerStats"]
 
 log = logging.getLogger(__name__)
+
+STAGE = "alerter"
 
 
 @dataclass
@@ -51,6 +60,7 @@ class AlertConsumer:
         batch_size: int = 500,
         poll_s: float = 0.25,
         tick_s: float = 1.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.alerter = alerter
         self.kafka = kafka
@@ -61,6 +71,8 @@ class AlertConsumer:
         self.poll_s = poll_s
         self.tick_s = tick_s
         self.stats = ConsumerStats()
+        self.metrics = metrics
+        self._outcomes: dict[str, int] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then flush what can be flushed."""
@@ -72,22 +84,29 @@ class AlertConsumer:
         )
         producer = Producer(self.kafka.producer_config())
         consumer.subscribe([self.topics.isolations, self.topics.verdicts])
+        lag = LagMonitor(consumer, self.metrics, STAGE) if self.metrics is not None else None
         next_tick = time.monotonic() + self.tick_s
         try:
             while not stop.is_set():
+                if lag is not None:
+                    await asyncio.to_thread(lag.maybe_update)
                 msgs = await asyncio.to_thread(consumer.consume, self.batch_size, self.poll_s)
                 for msg in msgs:
                     if msg.error() is not None:
                         log.warning("kafka: %s", msg.error())
                         continue
+                    if self.metrics is not None:
+                        self.metrics.messages_in.labels(stage=STAGE).inc()
                     self._handle(msg, producer)
                 if msgs:
                     consumer.commit(asynchronous=True)
                     producer.poll(0)
                 if time.monotonic() >= next_tick:
                     self.alerter.tick()
+                    self._count_outcomes()
                     next_tick = time.monotonic() + self.tick_s
         finally:
+            self._count_outcomes()
             await asyncio.to_thread(consumer.close)
             await asyncio.to_thread(producer.flush, 5.0)
 
@@ -96,11 +115,21 @@ class AlertConsumer:
         value: bytes = msg.value() or b""  # type: ignore[attr-defined]
         try:
             if topic == self.topics.isolations:
-                self.alerter.on_command(decode_command(value))
+                cmd = decode_command(value)
+                self.alerter.on_command(cmd)
                 self.stats.commands += 1
+                if self.metrics is not None:
+                    self.metrics.isolations.labels(
+                        stage=STAGE, fault=cmd.fault, action=cmd.action
+                    ).inc()
+                    observe_latency(self.metrics, STAGE, ts_us=cmd.ts_us)
             else:
-                self.alerter.on_verdict(decode_verdict(value))
+                verdict = decode_verdict(value)
+                self.alerter.on_verdict(verdict)
                 self.stats.verdicts += 1
+                if self.metrics is not None:
+                    self.metrics.verdicts.labels(stage=STAGE, fault=verdict.fault).inc()
+                    observe_latency(self.metrics, STAGE, ts_us=verdict.ts_us)
         except (CommandDecodeError, VerdictDecodeError) as err:
             source = f"{topic}[{msg.partition()}]@{msg.offset()}"  # type: ignore[attr-defined]
             rec = DeadLetter.of(
@@ -112,4 +141,23 @@ class AlertConsumer:
             )
             producer.produce(self.topics.deadletter, rec.encode(), key=msg.key())  # type: ignore[attr-defined]
             self.stats.deadlettered += 1
+            if self.metrics is not None:
+                self.metrics.deadletters.labels(stage=STAGE).inc()
             log.warning("alerter: dead-lettered %s: %s", source, err)
+
+    def _count_outcomes(self) -> None:
+        """Move the delivery counters' growth since the last call into the metrics."""
+        if self.metrics is None:
+            return
+        d = self.alerter.delivery.stats
+        now = {
+            "delivered": d.delivered,
+            "failed": d.failed,
+            "retried": d.retries,
+            "dropped": d.dropped_total,
+        }
+        for outcome, total in now.items():
+            grew = total - self._outcomes.get(outcome, 0)
+            if grew > 0:
+                self.metrics.actions.labels(stage=STAGE, outcome=outcome).inc(grew)
+        self._outcomes = now

@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+
 __all__ = ["app", "parse_size"]
 
 app = typer.Typer(
@@ -40,6 +42,10 @@ def parse_size(text: str) -> int:
 @app.callback()
 def archive(
     ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="c4stream.toml ([kafka], [archive]); flags win over it."),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Archive root (events/, verdicts/, isolations/).")
     ] = None,
@@ -62,11 +68,14 @@ def archive(
         str, typer.Option(help="Uncompressed bytes buffered per row group.")
     ] = "64MiB",
     max_open_files: Annotated[int, typer.Option(help="Open (job, hour) files per dataset.")] = 64,
-    metrics_port: Annotated[
-        int, typer.Option(help="Serve Prometheus /metrics on 127.0.0.1:PORT (0: off).")
-    ] = 0,
+    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
+    ] = "127.0.0.1",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING…")] = "INFO",
-    json_logs: Annotated[bool, typer.Option(help="One JSON object per log line.")] = False,
+    log_json: Annotated[
+        bool, typer.Option("--log-json", "--json-logs", help=LOG_JSON_HELP)
+    ] = False,
 ) -> None:
     """Consume the topics and write hive-partitioned (job, hour) zstd Parquet until SIGTERM/^C.
 
@@ -75,41 +84,55 @@ def archive(
     """
     if ctx.invoked_subcommand is not None:
         return
-    if out is None:
-        raise typer.BadParameter("--out DIR is required to run the archiver", param_hint="--out")
-
     import signal
     import threading
 
-    from c4stream.kafka import KafkaConfig
-    from c4stream.logs import setup_logging
-    from c4stream.metrics import Metrics, MetricsConfig
+    from c4stream.config import flag_overrides, load_section
+    from c4stream.service import start_service
+    from c4stream.settings_loader import SettingsError
     from sinks.archive.consumer import ArchiveConfig, Archiver
 
-    setup_logging(log_level, json_lines=json_logs)
-    setup_logging(log_level, json_lines=json_logs, name="sinks")
-    kafka = KafkaConfig(topic_prefix=topic_prefix)
-    if bootstrap:
-        kafka = KafkaConfig(bootstrap=bootstrap, topic_prefix=topic_prefix)
-    cfg = ArchiveConfig(
-        out=str(out),
-        kafka=kafka,
-        group=group,
-        instance_id=instance_id,
+    # Flags given on the command line win over [archive]; [archive] over the defaults.
+    flags = flag_overrides(
+        ctx,
+        _FLAG_KEYS,
         roll_bytes=parse_size(roll_bytes),
-        roll_seconds=roll_seconds,
         row_group_bytes=parse_size(row_group_bytes),
-        max_open_files=max_open_files,
     )
+    try:
+        cfg: ArchiveConfig = load_section("archive", config, overrides=flags)
+    except SettingsError as err:
+        if out is None and "`out`" in str(err):
+            raise typer.BadParameter(
+                "--out DIR (or [archive] out = DIR in --config) is required to run the archiver",
+                param_hint="--out",
+            ) from None
+        raise typer.BadParameter(str(err), param_hint="--config") from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        archiver = Archiver(cfg, metrics=(metrics := Metrics()))
+        svc = start_service(config, ctx, stage="archiver")
+        archiver = Archiver(cfg, metrics=svc.metrics)
+    except SettingsError as err:
+        raise typer.BadParameter(str(err), param_hint="--metrics-port") from None
     except ValueError as err:  # roll policy out of range
         raise typer.BadParameter(str(err)) from None
-    metrics.serve(MetricsConfig(port=metrics_port))
     archiver.run(stop)
+
+
+#: Option parameter -> key of the [archive] table.
+_FLAG_KEYS = {
+    "out": "out",
+    "bootstrap": "kafka.bootstrap",
+    "topic_prefix": "kafka.topic_prefix",
+    "group": "group",
+    "instance_id": "instance_id",
+    "roll_bytes": "roll_bytes",
+    "roll_seconds": "roll_seconds",
+    "row_group_bytes": "row_group_bytes",
+    "max_open_files": "max_open_files",
+}
 
 
 @app.command("dedupe")

@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from c4stream.consumer_lag import LagMonitor, observe_latency
 from c4stream.kafka import KafkaConfig
 from c4stream.metrics import Metrics
 from c4stream.topics import Topics
@@ -206,8 +207,11 @@ class Archiver:
             "archiving %s into %s (group %s)", ", ".join(self.dataset_of), root, self.cfg.group
         )
         next_stats = self._clock() + self.cfg.stats_interval_s
+        lag = LagMonitor(self._consumer, self.metrics, STAGE) if self.metrics else None
         try:
             while not stop.is_set():
+                if lag is not None:
+                    lag.maybe_update()
                 msgs = self._consumer.consume(self.cfg.batch_messages, self.cfg.poll_timeout_s)
                 if msgs:
                     self._handle(msgs)
@@ -275,6 +279,10 @@ class Archiver:
                 continue
             records.extend(recs)
             kept.append((m, len(recs)))
+            ts_us = getattr(recs[-1], "ts_us", None) if recs else None
+            if self.metrics and ts_us:
+                # one sample per message (its last record), not per event: cheap
+                observe_latency(self.metrics, STAGE, ts_us=ts_us)
         if not kept:
             return
         build = getattr(tables, f"{name}_table")
