@@ -18,8 +18,10 @@ def register(app: typer.Typer) -> None:
 
 
 def worker(
+    ctx: typer.Context,
     config: Annotated[
-        Path | None, typer.Option("--config", help="TOML file with the kafka and worker tables.")
+        Path | None,
+        typer.Option("--config", help="c4stream.toml ([kafka], [worker]); flags win over it."),
     ] = None,
     bootstrap: Annotated[
         str | None, typer.Option("--bootstrap", help="Kafka host:port (overrides the file).")
@@ -31,7 +33,12 @@ def worker(
         Path | None, typer.Option("--workdir", help="Faust data dir and status.json.")
     ] = None,
 ) -> None:
-    """Run the Faust worker: c4.events -> verdicts -> c4.isolations, until SIGINT/SIGTERM."""
+    """Run the Faust worker: c4.events -> verdicts -> c4.isolations, until SIGINT/SIGTERM.
+
+    Logs and the Prometheus /metrics endpoint follow [log] and [metrics] of --config.
+    """
+    from c4stream.service import start_service
+    from c4stream.settings_loader import SettingsError
     from streams.app.settings import WorkerConfigError, load_worker_config
     from streams.app.topics_admin import TopicSetupError
     from streams.worker import run_worker
@@ -43,8 +50,9 @@ def worker(
             topic_prefix=topic_prefix,
             workdir=str(workdir) if workdir else None,
         )
-        code = run_worker(cfg)
-    except (WorkerConfigError, TopicSetupError, ValueError) as err:
+        svc = start_service(config, ctx, stage="worker")
+        code = run_worker(cfg, metrics=svc.metrics, own_logging=True)
+    except (WorkerConfigError, SettingsError, TopicSetupError, ValueError) as err:
         typer.echo(f"c4stream worker: {err}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)

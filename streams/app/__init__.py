@@ -1,0 +1,31 @@
+"""The Faust worker of c4stream: events in, verdicts and isolation commands out.
+
+Run it with ``c4stream worker [--config FILE] [--bootstrap HOST:PORT] [--topic-prefix P]
+[--workdir DIR]`` or, from Python, :func:`streams.worker.run_worker` (blocking) /
+:func:`streams.worker.start_worker_process` (child process with a readiness wait).
+
+Modules, in the order data flows:
+
+- :mod:`.settings` — :class:`WorkerConfig`, the one typed config (batching, checkpoint
+  interval, timeouts, web server off or on 127.0.0.1) and its TOML loader;
+- :mod:`.topics_admin` — pre-creates every topic with its partition count (pipeline
+  topics, table changelogs, the internal watermark topic);
+- :mod:`.faust_app` — ``make_app(config)``: the ``faust.App`` (none at import time);
+- :mod:`.agents` — agent ``detect`` on ``c4.events`` and agent ``correlate`` on
+  ``c4.verdicts``, the 1-second timer, rebalance and shutdown hooks, ``status.json``;
+- :mod:`.router` — the broker-free logic the agents call: decoding, dead letters,
+  per-communicator detectors in event-time slices, the correlator behind a watermark;
+- :mod:`.checkpoint` — checkpoints every N events / S seconds into Faust tables;
+- :mod:`.deadletter` — dead-letter records with ``topic[partition]@offset`` sources;
+- :mod:`.engine` — the small protocol the agents need from :mod:`streams.core`.
+
+Restarts and rebalances: a communicator's detector is checkpointed (``to_bytes``) to
+the ``comm-state`` table, on the partition its events came from, every
+``checkpoint_every_events`` events or ``checkpoint_every_s`` seconds, and on revocation
+and clean stop; the next owner restores it with ``from_bytes`` the first time it sees
+that communicator. A crash loses at most one checkpoint interval of detector state.
+"""
+
+from streams.app.settings import WorkerConfig, WorkerConfigError, load_worker_config
+
+__all__ = ["WorkerConfig", "WorkerConfigError", "load_worker_config"]

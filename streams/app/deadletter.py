@@ -1,0 +1,63 @@
+"""Dead letters of the worker: what it could not use, where it came from, and why.
+
+>>> rec = Record(topic="c4.events", partition=2, offset=17, key=b"0xa", value=b"{oops")
+>>> dl = dead_letter(rec, "undecodable message: malformed JSON")
+>>> dl.source, dl.stage, dl.key, dl.payload()
+('c4.events[2]@17', 'worker', '0xa', b'{oops')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from c4stream.deadletter import DeadLetter
+
+__all__ = ["DeadLetterPublisher", "Record", "dead_letter"]
+
+STAGE = "worker"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One Kafka message as the worker saw it (independent of Faust's event type)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+    @property
+    def source(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+    @classmethod
+    def of_event(cls, event: Any) -> Record:
+        """From a Faust event whose topic uses raw (bytes) serializers."""
+        msg = event.message
+        value = event.value
+        if not isinstance(value, bytes | bytearray):
+            value = msg.value if isinstance(msg.value, bytes | bytearray) else b""
+        key = event.key if isinstance(event.key, bytes | bytearray | None) else None
+        return cls(msg.topic, msg.partition, msg.offset, key, bytes(value))
+
+
+def dead_letter(record: Record, reason: str) -> DeadLetter:
+    return DeadLetter.of(
+        record.value, reason=reason, stage=STAGE, source=record.source, key=record.key
+    )
+
+
+class DeadLetterPublisher:
+    """Sends dead letters to ``c4.deadletter`` (keyed like the original message)."""
+
+    def __init__(self, topic: Any) -> None:
+        self.topic = topic
+        self.sent = 0
+
+    async def publish(self, letters: list[DeadLetter]) -> None:
+        for dl in letters:
+            key = dl.key.encode() if dl.key is not None else None
+            await self.topic.send(key=key, value=dl.encode())
+            self.sent += 1

@@ -1,0 +1,174 @@
+"""Run the c4stream Faust worker: in this process (blocking) or as a child process.
+
+``c4stream worker`` calls :func:`run_worker`; the demo and the tests use
+:func:`start_worker_process`, which returns a handle to wait for readiness (through the
+worker's ``status.json``) and to stop it cleanly with SIGTERM.
+
+The worker runs until SIGINT or SIGTERM; on either it stops consuming, checkpoints
+every detector and the correlator to their tables, flushes the producer and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from streams.app.settings import WorkerConfig
+
+__all__ = ["WorkerProcess", "WorkerStartError", "run_worker", "start_worker_process"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkerStartError(RuntimeError):
+    """The worker did not become ready in time; its log (named in the message) says why."""
+
+
+def run_worker(
+    config: WorkerConfig, engine: Any = None, metrics: Any = None, *, own_logging: bool = False
+) -> int:
+    """Create the topics, build the app and run it until SIGINT/SIGTERM; returns the exit code.
+
+    ``metrics`` (:class:`c4stream.metrics.Metrics`, served by the caller) gets the counters.
+    ``own_logging``: the caller has set up logging (``c4stream.service``); Faust then
+    leaves the root logger alone instead of installing its own handlers at
+    ``config.loglevel``.
+    """
+    import faust
+
+    from streams.app.faust_app import make_app
+    from streams.app.topics_admin import ensure_topics
+
+    ensure_topics(config)
+    # A fresh loop per run: Faust binds its services to the loop current at creation.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    app = make_app(config, engine, metrics)
+
+    class Worker(faust.Worker):
+        def _setup_logging(self) -> None:
+            if not own_logging:
+                super()._setup_logging()
+
+    worker = Worker(
+        app,
+        loglevel=config.loglevel,
+        quiet=True,
+        redirect_stdouts=False,
+        workdir=config.workdir,
+        loop=loop,
+    )
+    worker.spinner = None  # no terminal spinner escapes in log files
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as done:
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+class WorkerProcess:
+    """A worker running as a child process (``python -m streams.worker CONFIG.json``)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], config: WorkerConfig, log_path: Path):
+        self.proc = proc
+        self.config = config
+        self.log_path = log_path
+
+    def status(self) -> dict[str, Any]:
+        """The worker's last ``status.json`` (empty before it wrote one)."""
+        try:
+            status = json.loads(self.config.status_path().read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return status if status.get("pid") == self.proc.pid else {}
+
+    def wait_for(self, predicate: Any, timeout: float, what: str) -> dict[str, Any]:
+        """Poll the status until ``predicate(status)`` holds; raise with the log tail if not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise WorkerStartError(
+                    f"worker exited with {self.proc.returncode} while waiting for {what}; "
+                    f"see {self.log_path}:\n{self.log_tail()}"
+                )
+            st = self.status()
+            if st and predicate(st):
+                return st
+            time.sleep(0.1)
+        raise WorkerStartError(
+            f"worker not {what} after {timeout:.0f}s; see {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Until the worker has joined its group, restored its tables and got partitions."""
+        return self.wait_for(lambda s: s.get("ready") and s.get("assigned"), timeout, "ready")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait for a clean stop (SIGKILL after ``timeout``)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("worker %d did not stop in %.0fs; killing it", self.proc.pid, timeout)
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_worker_process(
+    config: WorkerConfig, *, env: dict[str, str] | None = None
+) -> WorkerProcess:
+    """Start ``run_worker(config)`` in a child process logging to ``workdir/worker.log``."""
+    workdir = Path(config.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_path = workdir / "worker-config.json"
+    cfg_path.write_bytes(msgspec.json.encode(config))
+    log_path = workdir / "worker.log"
+    root = str(Path(__file__).resolve().parent.parent)
+    child_env = {**os.environ, **(env or {})}
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streams.worker", str(cfg_path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            cwd=root,
+        )
+    return WorkerProcess(proc, config, log_path)
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m streams.worker CONFIG.json", file=sys.stderr)
+        return 2
+    config = msgspec.json.decode(Path(argv[0]).read_bytes(), type=WorkerConfig)
+    return run_worker(config)
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

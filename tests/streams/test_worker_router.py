@@ -1,0 +1,174 @@
+"""The worker's broker-free core (streams.app.router): same decisions as the offline
+pipeline, whatever the batching and however skewed the partitions; dead letters; checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import pytest
+
+from producers.events import Event, OpEvent, encode_message
+from producers.simulator import SCENARIOS, FaultSpec, simulate
+from streams.app.deadletter import Record
+from streams.app.engine import CoreEngine
+from streams.app.router import CommRouter, CorrelatorRunner, Watermark, encode_watermark
+from streams.core import DetectionPipeline
+from streams.verdicts import Verdict, encode_verdict
+
+SIM = msgspec.structs.replace(
+    SCENARIOS["rank_hang"],
+    hosts=4,
+    duration_s=25,
+    faults=[FaultSpec(kind="rank_hang", host=2, gpu=1, start_s=15)],
+)
+
+
+@pytest.fixture(scope="module")
+def trace() -> list[list[Event]]:
+    return [b for b in simulate(SIM) if b]
+
+
+def router(engine: object = None, **kw: object) -> CommRouter:
+    args: dict = dict(
+        checkpoint_every_events=10**9, checkpoint_every_s=1e9, advance_every_us=250_000
+    )
+    args.update(kw)
+    return CommRouter(engine or CoreEngine(), lambda key: None, **args)
+
+
+def runner() -> CorrelatorRunner:
+    return CorrelatorRunner(
+        CoreEngine(),
+        lambda key: None,
+        checkpoint_every_events=10**9,
+        checkpoint_every_s=1e9,
+        watermark_topic="wm",
+    )
+
+
+@pytest.mark.parametrize(("partitions", "batch"), [(1, 1), (4, 50), (8, 5000)])
+def test_router_and_correlator_decide_like_the_offline_pipeline(
+    trace: list[list[Event]], partitions: int, batch: int
+) -> None:
+    offline = DetectionPipeline()
+    for b in trace:
+        offline.feed(b)
+    offline.finish()
+
+    r = router()
+    recs = [
+        Record("ev", hash(b[0].comm) % partitions, i, b[0].comm.encode(), encode_message(b))
+        for i, b in enumerate(trace)
+    ]
+    # Worst-case skew: each partition entirely, one after the other (a catch-up).
+    recs.sort(key=lambda rec: rec.partition)
+    verdicts: list[Verdict] = []
+    for i in range(0, len(recs), batch):
+        verdicts += r.process(recs[i : i + batch]).verdicts
+    verdicts += r.tick().verdicts
+    assert sorted(v.id for v in verdicts) == sorted(v.id for v in offline.verdicts)
+
+    c = runner()
+    vrecs = [Record("v", 0, i, None, encode_verdict(v)) for i, v in enumerate(verdicts)]
+    held = c.process(vrecs)
+    assert held.commands == [] and sum(map(len, c.pending.values())) == len(verdicts)
+    marks = [
+        Record("wm", 0, i, None, encode_watermark(Watermark(partition=p, clock_us=t)))
+        for i, (p, t) in enumerate(r.clock_us.items())
+    ]
+    out = c.process(marks)
+    assert [(x.host, x.gpu, x.fault, x.id) for x in out.commands] == [
+        (x.host, x.gpu, x.fault, x.id) for x in offline.commands
+    ]
+    assert offline.commands and offline.commands[0].host == "node-002"
+
+
+class _Recorder:
+    """Records what the router feeds it; raises on an op named Boom."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def observe(self, events: Sequence[Event]) -> list[Verdict]:
+        if any(isinstance(e, OpEvent) and e.op == "Boom" for e in events):
+            raise RuntimeError("boom")
+        self.log.append(("observe", [e.ts_us for e in events]))
+        return []
+
+    def advance(self, now_us: int) -> list[Verdict]:
+        self.log.append(("advance", now_us))
+        return []
+
+    def to_bytes(self) -> bytes:
+        return b"state"
+
+
+class _RecorderEngine:
+    def __init__(self) -> None:
+        self.log: list = []
+
+    def new_detector(self, comm: str) -> _Recorder:
+        return _Recorder(self.log)
+
+    def load_detector(self, comm: str, data: bytes) -> _Recorder:
+        return _Recorder(self.log)
+
+
+def ev(ts_us: int, op: str = "AllReduce", rank: int = 0) -> OpEvent:
+    return OpEvent(
+        v=1,
+        job="j",
+        comm="0xa",
+        nranks=2,
+        rank=rank,
+        host="h",
+        ts_us=ts_us,
+        op=op,
+        seq=ts_us,
+        bytes=1,
+        exec_us=1.0,
+    )
+
+
+def test_a_batch_spanning_seconds_is_judged_slice_by_slice() -> None:
+    eng = _RecorderEngine()
+    r = router(eng, advance_every_us=1_000_000)
+    recs = [
+        Record("ev", 0, i, b"0xa", encode_message([ev(t)]))
+        for i, t in enumerate([100, 900_000, 1_200_000, 2_500_000])
+    ]
+    r.process(recs)
+    assert eng.log == [
+        ("observe", [100, 900_000]),
+        ("advance", 900_000),
+        ("observe", [1_200_000]),
+        ("advance", 1_200_000),
+        ("observe", [2_500_000]),
+        ("advance", 2_500_000),
+    ]
+
+
+def test_bad_messages_become_dead_letters_and_the_rest_is_judged() -> None:
+    eng = _RecorderEngine()
+    r = router(eng, checkpoint_every_events=2)
+    recs = [
+        Record("ev", 1, 10, b"0xa", encode_message([ev(1)])),
+        Record("ev", 1, 11, b"0xa", b"[]"),
+        Record("ev", 1, 12, b"0xa", b"\xff\xfe"),
+        Record("ev", 1, 13, b"0xa", encode_message([ev(2, rank=5)])),
+        Record("ev", 1, 14, b"0xa", encode_message([ev(3, op="Boom")])),
+        Record("ev", 1, 15, b"0xa", encode_message([ev(4)])),
+    ]
+    out = r.process(recs)
+    got = {dl.source: dl.reason for dl in out.deadletters}
+    assert set(got) == {"ev[1]@11", "ev[1]@12", "ev[1]@13", "ev[1]@14"}
+    assert got["ev[1]@11"].startswith("event breaks the contract: empty message")
+    assert got["ev[1]@12"].startswith("undecodable message")
+    assert "rank 5 is not below nranks 2" in got["ev[1]@13"]
+    assert got["ev[1]@14"] == "detector error in communicator 0xa: RuntimeError: boom"
+    assert ("observe", [1]) in eng.log and ("observe", [4]) in eng.log
+    # 3 good events >= every 2 events: one checkpoint, to the comm's own partition.
+    assert out.checkpoints == [(1, b"0xa", b"state")]
+    assert r.flush().checkpoints == []  # nothing dirty any more
