@@ -37,14 +37,13 @@ from streams.core.config import DetectConfig
 from streams.core.hang import HangFinding, ProgressConns, judge_hang, localize_stalled
 from streams.core.ranks import RankTable
 from streams.core.slow_conn import ConnMatrix, SlowFinding
-from streams.core.stats import NormalModel, stable_id
+from streams.core.stats import NormalModel, median, stable_id
 from streams.core.straggler import SeqAligner, judge_stragglers
 from streams.verdicts import Verdict
 
 __all__ = ["CommDetector"]
 
 _HANG_CHECK_US = 500_000  # how often (event time) the hang test runs; it costs O(ranks)
-_CLOSE_CHECK_US = 2_000_000  # collectives are judged in batches (numpy per batch, not per op)
 
 
 def _s(us: float) -> str:
@@ -53,6 +52,9 @@ def _s(us: float) -> str:
 
 class CommDetector:
     """All state of one communicator; bounded (fixed-size rings, running stats)."""
+
+    _all_known = False
+    """Every rank's identity is learned (class default: older checkpoints lack it)."""
 
     def __init__(self, comm: str, config: DetectConfig) -> None:
         self.comm = comm
@@ -69,10 +71,13 @@ class CommDetector:
         self.window_idx = -1
         self.n_events = 0
         self._next_hang_check = 0
-        self._next_close_check = 0
         self._hang_target = -1
         self._hang_since = -1
         self._hang_reported: dict[int, int] = {}
+        self._silent_reported: set[int] = set()
+        self._silent_noted: dict[int, int] = {}
+        """rank -> when it was last noted as silent (only while it is)."""
+        """Culprits already reported as silent (a rank turning silent is news at once)."""
         self._noted: dict[int, int] = {}
         """rank -> when it was last noted as waiting (only while it waits)."""
 
@@ -89,12 +94,13 @@ class CommDetector:
             self._grow(n)
         ops = [e for e in events if e.__class__ is OpEvent]
         prog = [e for e in events if e.__class__ is not OpEvent] if len(ops) < len(events) else []
-        # one pass per field: the arrays below are all the per-event Python work
-        ro = np.fromiter((e.rank for e in ops), np.int64, len(ops))
-        tso = np.fromiter((e.ts_us for e in ops), np.int64, len(ops))
-        rp = np.fromiter((e.rank for e in prog), np.int64, len(prog))
-        tsp = np.fromiter((e.ts_us for e in prog), np.int64, len(prog))
-        ts_max = int(max(tso.max() if ops else -1, tsp.max() if prog else -1))
+        # one list comprehension per field: the arrays below are all the per-event work
+        # (a comprehension is ~2x cheaper than np.fromiter over a generator)
+        ro = np.array([e.rank for e in ops], np.int64)
+        tso_l = [e.ts_us for e in ops]
+        rp = np.array([e.rank for e in prog], np.int64)
+        tsp_l = [e.ts_us for e in prog]
+        ts_max = max(max(tso_l) if ops else -1, max(tsp_l) if prog else -1)
         out: list[Verdict] = []
         if ts_max > self.now:
             out += self._roll_window(ts_max)
@@ -102,11 +108,13 @@ class CommDetector:
         if self.first_us < 0:
             self.first_us = self.now
         self.n_events += len(events)
+        if ops and prog:  # one identity pass for the whole batch
+            self._learn_identities(ops + prog, np.concatenate([ro, rp]))
+        else:
+            self._learn_identities(ops or prog, ro if ops else rp)
         if ops:
-            self._learn_identities(ops, ro)
-            self._observe_ops(ops, ro, tso)
+            self._observe_ops(ops, ro, np.array(tso_l, np.int64))
         if prog:
-            self._learn_identities(prog, rp)
             self._observe_progress(prog, rp)
         out += self._tick()
         return out
@@ -128,6 +136,8 @@ class CommDetector:
         obj = cls.__new__(cls)
         obj.__dict__.update(pickle.loads(data))
         obj.config = config
+        obj.__dict__.setdefault("_silent_reported", set())  # checkpoints from before them
+        obj.__dict__.setdefault("_silent_noted", {})
         return obj
 
     def state_bytes(self) -> int:
@@ -142,6 +152,7 @@ class CommDetector:
 
     # ------------------------------------------------------------------ ingestion
     def _grow(self, n: int) -> None:
+        self._all_known = False
         self.ranks.grow(n)
         self.aligner.grow(n)
 
@@ -149,65 +160,92 @@ class CommDetector:
         top = int(r.max())
         if top >= self.ranks.n:
             self._grow(top + 1)
-        unknown = np.flatnonzero(self.ranks.host_idx[r] < 0)
-        for i in unknown.tolist():
-            e = events[i]
-            self.ranks.learn_identity(e.rank, e.host, e.gpu, e.nic)
-        self.ranks.last_recv[r] = self.now
+        t = self.ranks
+        if not self._all_known:  # once every rank is known, skip the lookup per batch
+            unknown = np.flatnonzero(t.host_idx[r] < 0)
+            for i in unknown.tolist():
+                e = events[i]
+                t.learn_identity(e.rank, e.host, e.gpu, e.nic)
+            self._all_known = bool(unknown.size) and bool((t.host_idx >= 0).all())
+        t.last_recv[r] = self.now
 
     def _observe_ops(self, ops: list[OpEvent], r: np.ndarray, ts: np.ndarray) -> None:
         k = len(ops)
         t = self.ranks
-        s = np.fromiter((e.seq for e in ops), np.int64, k)
-        x = np.fromiter((e.exec_us for e in ops), np.float64, k)
-        # period between consecutive collectives of one rank, by that rank's own clock
+        s_list = [e.seq for e in ops]
+        s = np.array(s_list, np.int64)
+        x = np.array([e.exec_us for e in ops], np.float64)
+        # period between consecutive collectives of one rank, by that rank's own clock:
+        # sort by (rank, seq); an event's predecessor is the one before it in the sorted
+        # batch, or the table's last op of its rank for the rank's first event
         o = np.lexsort((s, r))
-        r, s, x, ts = r[o], s[o], x[o], ts[o]
-        first = np.ones(k, bool)
-        first[1:] = r[1:] != r[:-1]
-        last = np.ones(k, bool)
-        last[:-1] = first[1:]
+        r, s, ts = r[o], s[o], ts[o]
+        first = np.empty(k, bool)
+        first[0] = True
+        np.not_equal(r[1:], r[:-1], out=first[1:])
         prev_ts = np.empty(k, np.int64)
         prev_ts[1:] = ts[:-1]
         prev_seq = np.empty(k, np.int64)
         prev_seq[1:] = s[:-1]
-        prev_ts[first] = t.last_op_ts[r[first]]
-        prev_seq[first] = t.last_op_seq[r[first]]
-        consecutive = (prev_seq == s - 1) & (prev_ts >= 0)
-        periods = (ts - prev_ts)[consecutive]
-        self.model.learn_periods(periods[periods > 0].astype(np.float64))
+        rf = r[first]
+        prev_ts[first] = t.last_op_ts[rf]
+        prev_seq[first] = t.last_op_seq[rf]
+        periods = ts - prev_ts
+        periods = periods[(prev_seq == s - 1) & (prev_ts >= 0) & (periods > 0)]
+        self.model.learn_periods(periods.astype(np.float64))
+        last = np.empty(k, bool)  # each rank's last op of the batch
+        last[-1] = True
+        last[:-1] = first[1:]
         t.last_op_ts[r[last]] = ts[last]
         t.last_op_seq[r[last]] = s[last]
-        self.model.learn_ops(x)
-        for med in self.aligner.insert(r, s, x.astype(np.float32), self.now):
+        self.model.learn_ops(x[o])
+        distinct = sorted(set(s_list))
+        for med in self.aligner.insert(r, s, x[o].astype(np.float32), self.now, distinct):
             self.model.learn_step(med)
         every = self.config.conn_sample_every
-        sel = [e for e in ops if e.conns and e.seq % every == 0]
+        if every == 1:
+            sel = [e for e in ops if e.conns]
+        else:
+            sel = [e for e in ops if e.conns and e.seq % every == 0]
         if sel:
-            flat = [c for e in sel for c in e.conns]  # type: ignore[union-attr]
-            k = len(flat)
-            lens = np.fromiter((len(e.conns) for e in sel), np.int64, len(sel))  # type: ignore[arg-type]
-            me = np.repeat(np.fromiter((e.rank for e in sel), np.int64, len(sel)), lens)
-            peer = np.fromiter((c.peer for c in flat), np.int64, k)
-            send = np.fromiter((c.dir == "send" for c in flat), bool, k)
-            nb = np.fromiter((c.bytes for c in flat), np.float64, k)
-            tu = np.fromiter((c.time_us or 0.0 for c in flat), np.float64, k)
-            ok = tu > 0
-            self.matrix.add_many(np.where(send, me, peer)[ok], np.where(send, peer, me)[ok],
-                                 nb[ok], tu[ok])  # fmt: skip
+            self._add_conns(sel)
+
+    def _add_conns(self, sel: list[OpEvent]) -> None:
+        """Per-connection figures of these ops into the window's throughput matrix."""
+        flat = [c for e in sel for c in e.conns]  # type: ignore[union-attr]
+        lens = np.array([len(e.conns) for e in sel], np.int64)  # type: ignore[arg-type]
+        me = np.repeat(np.array([e.rank for e in sel], np.int64), lens)
+        peer = np.array([c.peer for c in flat], np.int64)
+        send = np.array([c.dir == "send" for c in flat], bool)
+        nb = np.array([c.bytes for c in flat], np.float64)
+        tu = np.array([c.time_us or 0.0 for c in flat], np.float64)
+        ok = tu > 0
+        snd, rcv = np.where(send, me, peer), np.where(send, peer, me)
+        if not ok.all():
+            snd, rcv, nb, tu = snd[ok], rcv[ok], nb[ok], tu[ok]
+        self.matrix.add_many(snd, rcv, nb, tu)
 
     def _observe_progress(self, prog: list[Event], r: np.ndarray) -> None:
-        k = len(prog)
         t = self.ranks
-        t.started[r] = np.fromiter((e.started for e in prog), np.int64, k)
-        t.completed[r] = np.fromiter((e.completed for e in prog), np.int64, k)
-        t.inflight_us[r] = np.fromiter((e.inflight_us or 0.0 for e in prog), np.float64, k)
+        st = np.array([e.started for e in prog], np.int64)  # type: ignore[union-attr]
+        cp = np.array([e.completed for e in prog], np.int64)  # type: ignore[union-attr]
+        t.started[r] = st
+        t.completed[r] = cp
+        t.inflight_us[r] = np.array([e.inflight_us or 0.0 for e in prog], np.float64)  # type: ignore[union-attr]
         t.prog_recv[r] = self.now
         pc = self.pconns
+        infl = st > cp
+        if not infl.any():  # nothing in flight: forget these ranks' connections
+            if pc.by_rank:
+                for rank in r.tolist():
+                    pc.by_rank.pop(rank, None)
+            return
+        # per-connection progress matters only for in-flight ops; events in order, since
+        # a rank may report twice in one batch
         for e in prog:
-            if e.started > e.completed:
+            if e.started > e.completed:  # type: ignore[union-attr]
                 if e.conns:
-                    pc.update(e.rank, e.started, e.conns)
+                    pc.update(e.rank, e.started, e.conns)  # type: ignore[union-attr]
             elif e.rank in pc.by_rank:
                 pc.drop(e.rank)
 
@@ -217,10 +255,9 @@ class CommDetector:
 
     def _tick(self) -> list[Verdict]:
         out: list[Verdict] = []
-        if self.now >= self._next_close_check:
-            self._next_close_check = self.now + _CLOSE_CHECK_US
-            for med in self.aligner.close_due(self.now - self.config.seq_close_us):
-                self.model.learn_step(med)
+        # Collectives are judged in one batch per window (``_roll_window``) or when the
+        # ring is full (``SeqAligner.insert``): one set of numpy calls per window, not
+        # per collective. Their medians are only read when a window is judged.
         if self.now >= self._next_hang_check:
             self._next_hang_check = self.now + _HANG_CHECK_US
             out += self._check_hang()
@@ -307,6 +344,15 @@ class CommDetector:
         cfg = self.config
         if not self._warm():
             return []
+        # thr >= hang_floor_us, so notes start at hang_floor_us / 2 and hangs later
+        note_us = cfg.hang_floor_us / 2
+        if self._quiet(note_us):  # the usual case, in a few numpy reductions
+            self._noted.clear()
+            self._silent_noted.clear()
+            self._hang_target = -1
+            self._hang_reported.clear()
+            self._silent_reported.clear()
+            return []
         thr = self.model.hang_threshold_us(cfg.hang_floor_us, cfg.hang_period_mult)
         out = self._waiting_notes(min(thr, cfg.hang_floor_us) / 2)
         f = judge_hang(
@@ -321,16 +367,71 @@ class CommDetector:
         if f is None:
             self._hang_target = -1
             self._hang_reported.clear()
-            return out
+            self._silent_reported.clear()
+            return out + self._silent_notes()
         if f.target != self._hang_target:
             self._hang_target = f.target
             self._hang_since = self.now - int(f.wait_us)
             self._hang_reported.clear()
+            self._silent_reported.clear()
         start = self._hang_since - self._hang_since % 1_000_000
         if f.kind == "noncomm":
             out += self._noncomm_verdicts(f, thr, start)
         else:
             out += self._comm_verdicts(f, thr, start)
+        return out
+
+    def _quiet(self, note_us: float) -> bool:
+        """True when no rank can be silent or waiting: every rank was heard within
+        ``silent_us`` and no in-flight collective is older than ``note_us``. Then neither
+        :meth:`_waiting_notes` nor :func:`judge_hang` can find anything (same result,
+        without their two dozen array operations)."""
+        t = self.ranks
+        if t.n == 0:
+            return False
+        lo = int(t.last_recv.min())
+        if lo < 0 or self.now - lo > self.config.silent_us:
+            return False
+        infl = t.started > t.completed
+        if not infl.any():
+            return True
+        est = t.inflight_us[infl] + (self.now - t.prog_recv[infl])
+        return bool(est.max() <= note_us)
+
+    def _silent_notes(self) -> list[Verdict]:
+        """Alert-only notes: ranks silent here while most of their peers still report,
+        though nobody waits for them in this communicator (their peers may be held up
+        elsewhere). Alone they isolate nothing; they tell the correlator that a host
+        whose GPU hangs elsewhere has stopped as a whole."""
+        t, cfg = self.ranks, self.config
+        seen = t.last_recv >= 0
+        silent = seen & (self.now - t.last_recv > cfg.silent_us)
+        n_silent = int(silent.sum())
+        if n_silent == 0 or int(seen.sum()) - n_silent <= n_silent:  # a stop, not a fault
+            self._silent_noted.clear()
+            return []
+        noted, repeat = self._silent_noted, cfg.hang_repeat_us
+        new = [r for r in np.flatnonzero(silent).tolist()
+               if self.now - noted.get(r, -(2**62)) >= repeat]  # fmt: skip
+        if not new:
+            return []
+        for r in new:
+            noted[r] = self.now
+        out = []
+        for hi, rs in self._by_host(np.array(new, np.int64)).items():
+            if hi < 0:
+                continue
+            gpus = sorted({int(t.gpu[r]) for r in rs if t.gpu[r] >= 0})
+            quiet = self.now - int(t.last_recv[rs].max())
+            reason = (
+                f"{t.hosts[hi]} GPUs {gpus} have been silent for {_s(quiet)} in "
+                f"{self.comm_name or self.comm} while their peers still report."
+            )
+            start = self.now - quiet
+            start -= start % 1_000_000
+            ev = {"role": "silent", "gpus": gpus, "silent_s": round(quiet / 1e6, 1)}
+            out.append(self._verdict("noncomm_hang", None, 0.0, reason, start, self.now, ev,
+                                     rs, host=t.hosts[hi], benign=True))  # fmt: skip
         return out
 
     def _waiting_notes(self, note_us: float) -> list[Verdict]:
@@ -355,7 +456,7 @@ class CommDetector:
         for r in waiting.tolist():
             noted[r] = self.now
         target = int(t.started[waiting].max())
-        wait_us = float(np.median(est[waiting]))
+        wait_us = median(est[waiting])
         start = self.now - int(wait_us)
         start -= start % 1_000_000
         return self._victim_observations(waiting, target, wait_us, start)
@@ -366,9 +467,16 @@ class CommDetector:
         t = self.ranks
         for r in f.culprits.tolist():
             last = self._hang_reported.get(r)
-            if last is not None and self.now - last < self.config.hang_repeat_us:
+            newly_silent = r in silent and r not in self._silent_reported
+            if (
+                last is not None
+                and self.now - last < self.config.hang_repeat_us
+                and not newly_silent  # behind, now silent too: a dead host, say so now
+            ):
                 continue
             self._hang_reported[r] = self.now
+            if r in silent:
+                self._silent_reported.add(r)
             peers = f"{f.waiting.size} peers have waited {_s(f.wait_us)} in it"
             if r in silent:
                 quiet = self.now - int(t.last_recv[r]) if t.last_recv[r] >= 0 else None
@@ -443,14 +551,12 @@ class CommDetector:
         self, waiting: np.ndarray, target: int, wait_us: float, start: int
     ) -> list[Verdict]:
         t = self.ranks
-        by_host: dict[int, list[int]] = {}
-        for r in waiting.tolist():
-            by_host.setdefault(int(t.host_idx[r]), []).append(r)
+        gpu_of = dict(zip(waiting.tolist(), t.gpu[waiting].tolist(), strict=True))
         out = []
-        for hi, rs in by_host.items():
+        for hi, rs in self._by_host(waiting).items():
             if hi < 0:
                 continue
-            gpus = sorted({int(t.gpu[r]) for r in rs if t.gpu[r] >= 0})
+            gpus = sorted({gpu_of[r] for r in rs if gpu_of[r] >= 0})
             reason = (
                 f"{t.hosts[hi]} GPUs {gpus} wait in collective {target} of "
                 f"{self.comm_name or self.comm} ({_s(wait_us)})."
@@ -471,6 +577,13 @@ class CommDetector:
             )
         return out
 
+    def _by_host(self, ranks: np.ndarray) -> dict[int, list[int]]:
+        """Ranks grouped by host index, in rank order within a host."""
+        by_host: dict[int, list[int]] = {}
+        for r, hi in zip(ranks.tolist(), self.ranks.host_idx[ranks].tolist(), strict=True):
+            by_host.setdefault(hi, []).append(r)
+        return by_host
+
     # --- stragglers -----------------------------------------------------------------
     def _judge_stragglers(self, start: int, end: int) -> list[Verdict]:
         cfg = self.config
@@ -482,10 +595,13 @@ class CommDetector:
             cfg.straggler_min_wait,
             cfg.straggler_min_z,
             max(1, int(cfg.max_culprit_frac * a.n)),
+            learned=cfg.learn_lateness,
         )
+        if not found and cfg.learn_lateness:  # a window without a verdict: it is normal
+            a.learn_lateness(cfg.straggler_min_seqs, cfg.lateness_alpha)
         out = []
         normal = self.model.step_normal()
-        med_now = float(np.median(a.window_meds)) if a.window_meds else 0.0
+        med_now = median(a.window_meds) if a.window_meds else 0.0
         for f in found:
             wait_x = float(np.exp(f.mean_lat))
             vs_normal = med_now / normal if normal > 0 else float("nan")
@@ -520,15 +636,18 @@ class CommDetector:
         waited = (a.n_seq > 0) & (extra > max(0.25 * normal, 500.0))
         if skip:
             waited[list(skip)] = False
-        by_host: dict[int, list[int]] = {}
-        for r in np.flatnonzero(waited).tolist():
-            by_host.setdefault(int(t.host_idx[r]), []).append(r)
+        idx = np.flatnonzero(waited)
+        if idx.size == 0:
+            return []
+        # Python lists once, not a numpy scalar per rank and field
+        gpu_of = dict(zip(idx.tolist(), t.gpu[idx].tolist(), strict=True))
+        extra_of = dict(zip(idx.tolist(), extra[idx].tolist(), strict=True))
         out = []
-        for hi, rs in by_host.items():
+        for hi, rs in self._by_host(idx).items():
             if hi < 0:
                 continue
-            gpus = [int(t.gpu[r]) for r in rs if t.gpu[r] >= 0]
-            extra_ms = [round(float(extra[r]) / 1e3, 2) for r in rs if t.gpu[r] >= 0]
+            gpus = [gpu_of[r] for r in rs if gpu_of[r] >= 0]
+            extra_ms = [round(extra_of[r] / 1e3, 2) for r in rs if gpu_of[r] >= 0]
             if not gpus:
                 continue
             reason = (

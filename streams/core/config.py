@@ -59,7 +59,8 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
     seq_ring: int = 64
     """Collectives kept per communicator to align ranks by sequence number."""
     seq_close_us: int = 3_000_000
-    """A collective still missing ranks after this long is judged with those present."""
+    """Unused since collectives are judged once per window (kept so configs that set it
+    still load)."""
     min_present_frac: float = 0.8
     """A collective is used only when this fraction of its ranks reported it."""
     straggler_min_seqs: int = 5
@@ -70,10 +71,19 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
     """... and its peers waited at least this fraction longer than it, on median."""
     straggler_min_z: float = 4.0
     """... and its lateness stands this many robust standard deviations above the others."""
+    learn_lateness: bool = True
+    """Score each rank's lateness against its own learned usual lateness (EWMA over
+    windows without a straggler verdict), not only against its peers in the window."""
+    lateness_alpha: float = 0.1
+    """EWMA weight of a new window in a rank's usual lateness (after the first windows)."""
 
     # --- slow connection ---------------------------------------------------------
-    conn_sample_every: int = 1
-    """Read the per-connection figures of one collective in this many (cost control)."""
+    conn_sample_every: int = 2
+    """Read the per-connection figures of one collective in this many (cost control).
+    Sampled by sequence number, so every rank reports the same collectives and each
+    sampled one fills its whole row and column of the matrix; at 2, a 5 s window of a
+    communicator running 4 collectives/s still holds 10 per cell, plenty for a ratio to
+    the median (the per-connection figures cost ~1 µs per op event to read)."""
     slow_ratio: float = 0.75
     """A connection is slow below this fraction of its communicator's median throughput."""
     slow_min_cells: int = 3
@@ -102,6 +112,9 @@ class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Summed verdict score needed for a hang."""
     hang_settle_us: int = 1_500_000
     """Wait this long after a hang's first verdict to hear every communicator."""
+    host_wait_us: int = 3_000_000
+    """A non-communication hang naming one GPU waits up to this long after its first
+    verdict for the host's other GPUs: when two or more stop, the command names the host."""
     slow_min_windows: int = 2
     """Distinct windows (or communicators) needed for a straggler or slow NIC/link."""
     slow_min_score: float = 1.4

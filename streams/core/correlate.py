@@ -9,6 +9,9 @@ communicators inside one host (tensor parallel over NVLink) name a GPU more prec
 than cross-host ones, so they weigh double. Waiting ranks reported by hang detectors
 ("these GPUs wait in collective N here") clear the same GPUs of blame for being
 behind elsewhere: a GPU stuck waiting is a victim of a hang, not its cause.
+A non-communication hang that names one GPU waits up to ``host_wait_us`` for the host's
+other GPUs: when two or more stopped (blamed elsewhere, or noted silent where nobody
+waits for them), the command names the host (no GPU) and says it went silent.
 
 Rails: deny list and the cap on isolated hosts per hour turn a command into
 ``alert_only``; the cool-down per host drops further commands for it; ``dry_run``
@@ -16,7 +19,7 @@ marks every command.
 
 >>> from streams.verdicts import Verdict
 >>> from streams.core.config import PolicyConfig
->>> c = HostCorrelator(PolicyConfig(hang_settle_us=0))
+>>> c = HostCorrelator(PolicyConfig(hang_settle_us=0, host_wait_us=0))
 >>> v = Verdict(id="x", ts_us=5_000_000, job="j", comm="0xa", host="node-001", gpu=3,
 ...             fault="noncomm_hang", score=0.9, reason="...", window_start_us=1_000_000,
 ...             window_end_us=5_000_000, evidence={"target_collective": 12, "wait_s": 4.0,
@@ -80,6 +83,10 @@ class HostCorrelator:
         self.waiting: dict[tuple[str, str, int, str], dict[str, tuple[int, int, float]]] = {}
         """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms)}: where a GPU
         was seen waiting (held up by a hang, a straggler or a slow ring)."""
+        self._waiting_last: dict[tuple[str, str, int, str], int] = {}
+        """Newest note per key of ``waiting`` (pruning reads this, not every note)."""
+        self.silent: dict[tuple[str, str], dict[int, int]] = {}
+        """(job, host) -> {gpu: when last noted silent} from alert-only silence notes."""
         self.cooldown: dict[tuple[str, str], int] = {}
         self.isolated: dict[str, deque] = {}
         self.job_hosts: dict[str, int] = {}
@@ -93,16 +100,26 @@ class HostCorrelator:
         if isinstance(hosts, int) and hosts > self.job_hosts.get(v.job, 0):
             self.job_hosts[v.job] = hosts
         if v.benign:
+            if v.evidence.get("role") == "silent":
+                gone = self.silent.setdefault((v.job, v.host), {})
+                for g in v.evidence.get("gpus", []):
+                    gone[int(g)] = v.ts_us
+                return []
             if v.evidence.get("role") == "waiting":
                 extra = v.evidence.get("extra_ms") or [0.0] * len(v.evidence.get("gpus", []))
                 for g, x in zip(v.evidence.get("gpus", []), extra, strict=False):
-                    notes = self.waiting.setdefault((v.job, v.host, int(g), v.fault), {})
+                    wkey = (v.job, v.host, int(g), v.fault)
+                    notes = self.waiting.setdefault(wkey, {})
                     first = notes[v.comm][0] if v.comm in notes else v.ts_us
                     notes[v.comm] = (
                         first,
                         v.ts_us,
                         max(float(x), notes.get(v.comm, (0, 0, 0.0))[2]),
                     )
+                    if v.ts_us >= self._waiting_last.get(wkey, -1):  # in order: the usual case
+                        self._waiting_last[wkey] = v.ts_us
+                    else:
+                        self._waiting_last[wkey] = max(n[1] for n in notes.values())
             return []
         key = (v.job, v.host, v.fault)
         ep = self.episodes.get(key)
@@ -137,6 +154,9 @@ class HostCorrelator:
         obj = cls.__new__(cls)
         obj.__dict__.update(pickle.loads(data))
         obj.config = config
+        obj.__dict__.setdefault("silent", {})
+        if "_waiting_last" not in obj.__dict__:  # a checkpoint from before this index
+            obj._waiting_last = {k: max(x[1] for x in t.values()) for k, t in obj.waiting.items()}
         return obj
 
     # ------------------------------------------------------------------ internals
@@ -146,8 +166,10 @@ class HostCorrelator:
             if not ep_in_cooldown(self, key):
                 del self.episodes[key]
         wcut = self.now - _WAIT_MEMORY_US
-        for k in [k for k, t in self.waiting.items() if max(x[1] for x in t.values()) < wcut]:
-            del self.waiting[k]
+        for k in [k for k, t in self._waiting_last.items() if t < wcut]:
+            del self.waiting[k], self._waiting_last[k]
+        for k in [k for k, g in self.silent.items() if max(g.values()) < wcut]:
+            del self.silent[k]
         for k in [k for k, t in self.cooldown.items() if t < self.now]:
             del self.cooldown[k]
 
@@ -194,10 +216,25 @@ class HostCorrelator:
             first = min(e.ts for e in live)
             if total < cfg.hang_min_score or self.now - first < cfg.hang_settle_us:
                 return None
+            # one GPU so far: wait a little for the host's other communicators, which
+            # tell a dead host (every GPU stops) from one hung process
+            gpus = {e.comp[0] for e in best.values() if e.comp[0] is not None}
+            gpus |= self._silent_gpus(job, host, first)
+            if fault == "noncomm_hang" and len(gpus) < 2 and self.now - first < cfg.host_wait_us:
+                return None
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
         comp, chosen = self._component(fault, list(best.values()))
+        if fault == "noncomm_hang" and comp[0] is not None:
+            first = min(e.ts for e in live)
+            if self._silent_gpus(job, host, first) - {comp[0]}:  # its other GPUs went quiet
+                comp = (None, None, None)
         return self._command(key, ep, comp, chosen, total, windows, comms)
+
+    def _silent_gpus(self, job: str, host: str, since: int) -> set[int]:
+        """GPUs of ``host`` noted silent (alert-only notes) around a hang from ``since``."""
+        notes = self.silent.get((job, host), {})
+        return {g for g, ts in notes.items() if ts >= since - _WAIT_MEMORY_US}
 
     @staticmethod
     def _component(fault: str, entries: list[_Entry]) -> tuple[tuple, list[_Entry]]:
@@ -206,8 +243,10 @@ class HostCorrelator:
             votes[e.comp] = votes.get(e.comp, 0.0) + e.score * (2.0 if e.intra else 1.0)
         comp = max(votes, key=lambda c: (votes[c], str(c)))
         if fault == "noncomm_hang":
-            silent_gpus = {e.comp[0] for e in entries if e.ev.get("silent")}
-            if len(silent_gpus) >= 2:  # several GPUs of the host went quiet: the host
+            # several GPUs of the host stopped (silent, or not starting the collective
+            # their peers wait in), on their own communicators: the host, not a GPU
+            stopped = {e.comp[0] for e in entries if e.comp[0] is not None}
+            if len(stopped) >= 2:
                 return (None, None, None), entries
         return comp, [e for e in entries if e.comp == comp]
 
@@ -259,7 +298,8 @@ class HostCorrelator:
             "all_communicators": len(comms),
             "all_windows": len(windows),
         }
-        reason = _reason(fault, host, comp, chosen, w0, w1) + rail
+        silent = self._silent_gpus(job, host, w0) if fault == "noncomm_hang" else set()
+        reason = _reason(fault, host, comp, chosen, w0, w1, silent) + rail
         return IsolationCommand(
             id=cid,
             ts_us=self.now,
@@ -290,7 +330,15 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if xs else float("nan")
 
 
-def _reason(fault: str, host: str, comp: tuple, es: list[_Entry], w0: int, w1: int) -> str:
+def _reason(
+    fault: str,
+    host: str,
+    comp: tuple,
+    es: list[_Entry],
+    w0: int,
+    w1: int,
+    silent_gpus: set[int] | None = None,
+) -> str:
     """One sentence a person on call can act on."""
     gpu, nic, peer = comp
     n_comms = len({e.comm for e in es})
@@ -314,8 +362,16 @@ def _reason(fault: str, host: str, comp: tuple, es: list[_Entry], w0: int, w1: i
         tgt = sorted({e.ev.get("target_collective") for e in es if "target_collective" in e.ev})
         wait = max((e.ev.get("wait_s", 0.0) for e in es), default=0.0)
         coll = f"collective {tgt[0]}" if len(tgt) == 1 else "the current collective"
+        gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None} | (silent_gpus or set()))
+        if gpu is None and len(gpus) >= 2:  # the host as a whole
+            silent = all(e.ev.get("silent") for e in es) or bool(silent_gpus)
+            gone = "went silent" if silent else "stopped as a whole"
+            return (
+                f"{host} {gone}: {_plural(len(gpus), 'GPU')} "
+                f"({', '.join(map(str, gpus))}) stopped while their peers waited {wait:.1f} s "
+                f"in {coll} on {on}; the host, not one GPU, is at fault."
+            )
         if gpu is None and any(e.ev.get("silent") for e in es):
-            gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None})
             return (
                 f"{host} went silent: {_plural(len(gpus), 'GPU')} stopped reporting on "
                 f"{on} while their peers waited {wait:.1f} s in {coll}."

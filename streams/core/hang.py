@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streams.core.ranks import RankTable
+from streams.core.stats import median
 
 __all__ = ["HangFinding", "ProgressConns", "judge_hang", "localize_stalled"]
 
@@ -77,7 +78,7 @@ def judge_hang(
     waiting &= t.started == target
     behind = alive & (t.started < target) & (t.started >= 0)
     culprits = behind | silent
-    wait_us = float(np.median(est[waiting])) if waiting.any() else 0.0
+    wait_us = median(est[waiting]) if waiting.any() else 0.0
     n_cul = int(culprits.sum())
     if n_cul:
         if n_cul > max(1, max_culprit_frac * t.n):

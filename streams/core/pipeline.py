@@ -54,11 +54,13 @@ class DetectionPipeline:
         out: list[IsolationCommand] = []
         buf = self._buf
         if isinstance(events, list) and events:
-            # fast path: an exporter batch holds one communicator's events of one host
+            # fast path: an exporter batch holds one communicator's events of one host.
+            # List comprehensions, not generator expressions: this runs for every event.
             comm = events[0].comm
-            if all(e.comm == comm for e in events):
-                ts_lo = min(e.ts_us for e in events)
-                ts_hi = max(e.ts_us for e in events)
+            if len({e.comm for e in events}) == 1:
+                tss = [e.ts_us for e in events]
+                ts_lo = min(tss)
+                ts_hi = max(tss)
                 if ts_lo >= self._slice_end or self._buffered >= self._max_buffer:
                     if self._buffered:
                         out += self._flush()

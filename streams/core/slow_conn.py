@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streams.core.stats import median
+
 __all__ = ["ConnMatrix", "SlowFinding"]
 
 
@@ -107,7 +109,7 @@ class ConnMatrix:
             return []
         s, d, vals = s[inter], d[inter], vals[inter]
         tput = vals[:, 0] / vals[:, 1]  # bytes per µs = MB/s
-        med = float(np.median(tput))
+        med = median(tput)
         if med <= 0:
             return []
         ratio = tput / med
@@ -132,7 +134,7 @@ class ConnMatrix:
                         "nic",
                         int(r),
                         None,
-                        float(np.median(ratio[mine])),
+                        median(ratio[mine]),
                         int(mine.sum()),
                         med / 1e3,
                     )

@@ -108,3 +108,38 @@ def test_hang_waits_for_settle_then_picks_the_host_when_many_gpus_silent() -> No
     [cmd] = c.advance(10 * W + 2_000_000)
     assert (cmd.host, cmd.gpu, cmd.fault) == ("node-007", None, "noncomm_hang")
     assert "went silent" in cmd.reason
+
+
+def _hang(gpu: int | None, ts: int, benign: bool = False, evidence: dict | None = None) -> Verdict:
+    ev = evidence or {"silent": False, "target_collective": 40, "wait_s": 2.7, "comm_hosts": 16}
+    return Verdict(id=f"h{gpu}{ts}", ts_us=ts, job="j", comm=f"0xdp{gpu}", host="node-008",
+                   gpu=gpu, fault="noncomm_hang", score=0.0 if benign else 0.9, reason="r",
+                   window_start_us=9 * W, window_end_us=ts, evidence=ev,
+                   benign=benign)  # fmt: skip
+
+
+@pytest.mark.timeout(10)
+def test_host_down_names_the_host_when_its_other_gpus_go_silent() -> None:
+    """GPU 1 is blamed first (its peers wait for it); the host's other GPUs are then
+    noted silent where nobody waits for them: the command names the host, not GPU 1."""
+    c = HostCorrelator(PolicyConfig())
+    t = 10 * W
+    assert c.observe(_hang(1, t)) == []
+    assert c.advance(t + 2_000_000) == []  # past settle, but one GPU: wait for the host
+    for g in (0, 2, 3):
+        note = {"role": "silent", "gpus": [g], "silent_s": 4.0, "comm_hosts": 16}
+        assert c.observe(_hang(None, t + 2_500_000, benign=True, evidence=note)) == []
+    [cmd] = c.advance(t + 2_600_000)
+    assert (cmd.host, cmd.gpu, cmd.fault) == ("node-008", None, "noncomm_hang")
+    assert cmd.reason.startswith("node-008 went silent: 4 GPUs (0, 1, 2, 3) stopped")
+
+
+@pytest.mark.timeout(10)
+def test_one_hung_gpu_is_named_after_the_host_wait() -> None:
+    c = HostCorrelator(PolicyConfig())
+    t = 10 * W
+    assert c.observe(_hang(1, t)) == []
+    assert c.advance(t + 2_900_000) == []
+    [cmd] = c.advance(t + 3_000_000)
+    assert (cmd.host, cmd.gpu) == ("node-008", 1)
+    assert "GPU 1 hangs" in cmd.reason

@@ -99,7 +99,16 @@ def test_everybody_idle_or_gone_is_not_a_hang() -> None:
     assert out == []
 
 
-def _ops_window(det: CommDetector, seconds: int, late_rank: int | None, blip_seq: int = -1):
+def _ops_window(
+    det: CommDetector,
+    seconds: int,
+    late_rank: int | None,
+    blip_seq: int = -1,
+    late_from_s: int = 10,
+    structural: dict[int, float] | None = None,
+):
+    """Ops of 8 ranks, 4 collectives a second; ``late_rank`` arrives 60 ms late from
+    ``late_from_s`` on; ``structural`` ranks arrive that many µs late all along."""
     rng = np.random.default_rng(0)
     out, seq = [], 0
     for sec in range(seconds):
@@ -107,10 +116,14 @@ def _ops_window(det: CommDetector, seconds: int, late_rank: int | None, blip_seq
         batch = []
         for _ in range(4):  # 4 collectives a second
             x = 20_000 + rng.normal(0, 300, 8)
-            if late_rank is not None or seq == blip_seq:
-                r = late_rank if late_rank is not None else 1
-                x = x + 60_000
-                x[r] = 20_000 + rng.normal(0, 300)
+            late = {**(structural or {})}
+            if late_rank is not None and sec >= late_from_s:
+                late[late_rank] = 60_000.0
+            elif seq == blip_seq:
+                late[1] = 60_000.0
+            if late:  # ring model: the last to arrive waits for nobody, the others for it
+                worst = max(late.values())
+                x = x + worst - np.array([late.get(r, 0.0) for r in range(8)])
             batch += [op(r, seq, float(x[r]), ts) for r in range(8)]
             seq += 1
         out += det.observe(batch)
@@ -120,7 +133,7 @@ def _ops_window(det: CommDetector, seconds: int, late_rank: int | None, blip_seq
 
 @pytest.mark.timeout(10)
 def test_straggler_has_the_shortest_kernel_time() -> None:
-    out = [v for v in _ops_window(CommDetector("c1", CFG), 16, late_rank=6) if not v.benign]
+    out = [v for v in _ops_window(CommDetector("c1", CFG), 26, late_rank=6) if not v.benign]
     assert out and {(v.fault, v.host) for v in out} == {("straggler", "node-006")}
     assert out[0].evidence["last_frac"] >= 0.9
 
@@ -231,3 +244,32 @@ def test_pipeline_routes_every_event_whatever_the_batching() -> None:
         p.finish()
         assert {c: d.n_events for c, d in p.detectors.items()} == want
         assert p.n_events == sum(want.values())
+
+
+@pytest.mark.timeout(10)
+def test_structurally_late_rank_is_normal_a_newly_late_one_is_not() -> None:
+    """Rank 3 always arrives 8 ms late (by design: more work, a longer path). Its own
+    learned lateness makes that normal; rank 5 turning 60 ms late at 20 s is flagged."""
+    steady = {3: 8_000.0}
+    out = _ops_window(CommDetector("c1", CFG), 40, late_rank=None, structural=steady)
+    assert [v for v in out if not v.benign] == []
+    out = _ops_window(CommDetector("c1", CFG), 40, late_rank=5, late_from_s=20,
+                      structural=steady)  # fmt: skip
+    flagged = {(v.fault, v.host) for v in out if not v.benign}
+    assert flagged == {("straggler", "node-005")}
+    assert min(v.window_start_us for v in out if not v.benign) >= T0 + 20_000_000
+    # the same trace judged against peers only flags the structurally late rank too
+    peers_only = DetectConfig(warmup_us=0, learn_lateness=False)
+    out = _ops_window(CommDetector("c1", peers_only), 40, late_rank=None, structural=steady)
+    assert {(v.fault, v.host) for v in out if not v.benign} == {("straggler", "node-003")}
+
+
+@pytest.mark.timeout(10)
+def test_learned_lateness_survives_a_checkpoint_and_stays_bounded() -> None:
+    det = CommDetector("c1", CFG)
+    _ops_window(det, 16, late_rank=None, structural={3: 8_000.0})
+    a = det.aligner
+    assert a.base_n[3] > 0 and a.base_lat[3] > a.base_lat[0] + 0.1
+    back = CommDetector.from_bytes(det.to_bytes(), CFG)
+    assert np.array_equal(back.aligner.base_lat, a.base_lat)
+    assert a.base_lat.nbytes + a.base_n.nbytes == 6 * a.n  # 6 bytes per rank
