@@ -13,7 +13,8 @@ A non-communication hang that names one GPU waits up to ``host_wait_us`` for the
 other GPUs: when two or more stopped (blamed elsewhere, or noted silent where nobody
 waits for them), the command names the host (no GPU) and says it went silent.
 
-Rails: deny list and the cap on isolated hosts per hour turn a command into
+Rails: deny list, the cap on isolated hosts per hour, and hangs on many hosts at once
+(a job-wide stop such as a long checkpoint, not a faulty component) turn a command into
 ``alert_only``; the cool-down per host drops further commands for it; ``dry_run``
 marks every command.
 
@@ -229,7 +230,34 @@ class HostCorrelator:
             first = min(e.ts for e in live)
             if self._silent_gpus(job, host, first) - {comp[0]}:  # its other GPUs went quiet
                 comp = (None, None, None)
-        return self._command(key, ep, comp, chosen, total, windows, comms)
+        rail = self._job_wide_rail(job, min(e.ts for e in live)) if fault in _HANGS else ""
+        return self._command(key, ep, comp, chosen, total, windows, comms, rail)
+
+    def _job_wide_rail(self, job: str, first_ts: int) -> str:
+        """Why not to isolate, when hangs started on many of the job's hosts at once.
+
+        One faulty component stops one host's GPUs (its peers wait: victims, filtered
+        out by ``_live``); a checkpoint or a storage stall stops everybody, and then hang
+        evidence that is not explained by waiting shows up on many hosts together.
+        """
+        cfg = self.config
+        lo, hi = first_ts - cfg.job_wide_window_us, first_ts + cfg.job_wide_window_us
+        hosts = set()
+        for (j, h, f), ep in self.episodes.items():
+            if j != job or f not in _HANGS:
+                continue
+            live = self._live((j, h, f), ep)
+            if live and lo <= min(e.ts for e in live) <= hi:
+                hosts.add(h)
+        n_hosts = cfg.job_hosts or self.job_hosts.get(job, 1)
+        limit = max(cfg.job_wide_min_hosts, math.ceil(cfg.job_wide_frac * n_hosts))
+        if len(hosts) <= limit:
+            return ""
+        return (
+            f" Not isolated: {len(hosts)} of {n_hosts} hosts of the job stopped within "
+            f"{cfg.job_wide_window_us / 1e6:.0f} s of each other, a job-wide stop "
+            "(checkpoint, storage, planned stop) rather than one faulty component."
+        )
 
     def _silent_gpus(self, job: str, host: str, since: int) -> set[int]:
         """GPUs of ``host`` noted silent (alert-only notes) around a hang from ``since``."""
@@ -259,14 +287,16 @@ class HostCorrelator:
         total: float,
         windows: set[int],
         comms: set[str],
+        rail: str = "",
     ) -> IsolationCommand:
         job, host, fault = key
         cfg = self.config
         gpu, nic, peer = comp
         cid = "c4-" + stable_id(job, host, fault, gpu, nic, peer, ep.first_window)
         action: Action = cfg.actions.get(fault, "alert_only")  # type: ignore[arg-type]
-        rail = ""
-        if host in cfg.deny_hosts:
+        if rail:
+            action = "alert_only"
+        elif host in cfg.deny_hosts:
             action, rail = "alert_only", " Not isolated: the host is on the deny list."
         elif action != "alert_only":
             log = self.isolated.setdefault(job, deque())

@@ -143,3 +143,29 @@ def test_one_hung_gpu_is_named_after_the_host_wait() -> None:
     [cmd] = c.advance(t + 3_000_000)
     assert (cmd.host, cmd.gpu) == ("node-008", 1)
     assert "GPU 1 hangs" in cmd.reason
+
+
+def hang(host: str, ts: int, gpu: int = 1, hosts: int = 16) -> Verdict:
+    return Verdict(id=f"h{host}{ts}", ts_us=ts, job="j", comm=f"tp-{host}", host=host, gpu=gpu,
+                   fault="noncomm_hang", score=0.9, reason="r", window_start_us=ts - W,
+                   window_end_us=ts, evidence={"target_collective": 74, "wait_s": 2.6,
+                                               "comm_hosts": hosts}, ranks=[gpu])  # fmt: skip
+
+
+@pytest.mark.timeout(10)
+def test_hangs_on_many_hosts_at_once_are_a_job_wide_stop_not_a_fault() -> None:
+    # A long checkpoint: GPUs on 9 of 16 hosts look hung within the same second; the
+    # settle time (default 1.5 s) lets all of them be heard before anything is decided.
+    c = HostCorrelator(PolicyConfig())
+    t = 30 * W
+    cmds = feed(c, [hang(f"node-{i:03d}", t + i * 100_000) for i in range(9)])
+    cmds += c.advance(t + W)
+    assert cmds and all(x.action == "alert_only" for x in cmds)
+    assert "job-wide stop" in cmds[-1].reason and "9 of 16 hosts" in cmds[-1].reason
+
+
+@pytest.mark.timeout(10)
+def test_one_hung_host_among_many_healthy_ones_is_isolated() -> None:
+    c = HostCorrelator(PolicyConfig(hang_settle_us=0, host_wait_us=0))
+    [cmd] = feed(c, [hang("node-004", 30 * W)])
+    assert cmd.action == "cordon_and_taint" and "job-wide" not in cmd.reason
