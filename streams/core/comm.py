@@ -77,6 +77,8 @@ class CommDetector:
         self._silent_reported: set[int] = set()
         self._silent_noted: dict[int, int] = {}
         """rank -> when it was last noted as silent (only while it is)."""
+        self._census_hosts = 0
+        """Hosts in the last census note (the correlator sizes the job from these)."""
         """Culprits already reported as silent (a rank turning silent is news at once)."""
         self._noted: dict[int, int] = {}
         """rank -> when it was last noted as waiting (only while it waits)."""
@@ -138,6 +140,7 @@ class CommDetector:
         obj.config = config
         obj.__dict__.setdefault("_silent_reported", set())  # checkpoints from before them
         obj.__dict__.setdefault("_silent_noted", {})
+        obj.__dict__.setdefault("_census_hosts", 0)
         return obj
 
     def state_bytes(self) -> int:
@@ -261,7 +264,20 @@ class CommDetector:
         if self.now >= self._next_hang_check:
             self._next_hang_check = self.now + _HANG_CHECK_US
             out += self._check_hang()
+            if self._warm() and self.ranks.n_hosts() != self._census_hosts:
+                out.append(self._census())
         return out
+
+    def _census(self) -> Verdict:
+        """An alert-only note naming this communicator's hosts, sent when it is warm and
+        again if its host set grows: the correlator sizes the job (for the cap on
+        isolated hosts and the job-wide-stop rail) from the union of these."""
+        t = self.ranks
+        self._census_hosts = t.n_hosts()
+        reason = f"{self.comm_name or self.comm} spans {t.n_hosts()} hosts."
+        ev = {"role": "census", "hosts": list(t.hosts)}
+        return self._verdict("noncomm_hang", None, 0.0, reason, self.first_us, self.now, ev,
+                             [], host=t.hosts[0] if t.hosts else None, benign=True)  # fmt: skip
 
     def _roll_window(self, new_now: int) -> list[Verdict]:
         w = self.config.window_us

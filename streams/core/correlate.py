@@ -91,6 +91,9 @@ class HostCorrelator:
         self.cooldown: dict[tuple[str, str], int] = {}
         self.isolated: dict[str, deque] = {}
         self.job_hosts: dict[str, int] = {}
+        """Hosts per job: the union of the communicators' census notes (bounded by the
+        job's size), or the largest communicator a verdict came from."""
+        self.job_host_names: dict[str, set[str]] = {}
         self.suppressed = 0
 
     # ------------------------------------------------------------------ public API
@@ -101,6 +104,11 @@ class HostCorrelator:
         if isinstance(hosts, int) and hosts > self.job_hosts.get(v.job, 0):
             self.job_hosts[v.job] = hosts
         if v.benign:
+            if v.evidence.get("role") == "census":
+                names = self.job_host_names.setdefault(v.job, set())
+                names.update(v.evidence.get("hosts", []))
+                self.job_hosts[v.job] = max(self.job_hosts.get(v.job, 0), len(names))
+                return []
             if v.evidence.get("role") == "silent":
                 gone = self.silent.setdefault((v.job, v.host), {})
                 for g in v.evidence.get("gpus", []):
@@ -156,6 +164,7 @@ class HostCorrelator:
         obj.__dict__.update(pickle.loads(data))
         obj.config = config
         obj.__dict__.setdefault("silent", {})
+        obj.__dict__.setdefault("job_host_names", {})
         if "_waiting_last" not in obj.__dict__:  # a checkpoint from before this index
             obj._waiting_last = {k: max(x[1] for x in t.values()) for k, t in obj.waiting.items()}
         return obj

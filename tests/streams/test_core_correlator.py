@@ -169,3 +169,23 @@ def test_one_hung_host_among_many_healthy_ones_is_isolated() -> None:
     c = HostCorrelator(PolicyConfig(hang_settle_us=0, host_wait_us=0))
     [cmd] = feed(c, [hang("node-004", 30 * W)])
     assert cmd.action == "cordon_and_taint" and "job-wide" not in cmd.reason
+
+
+@pytest.mark.timeout(10)
+def test_census_notes_size_the_job_for_the_cap() -> None:
+    # Two pipeline stages: each data-parallel ring spans 8 of the job's 16 hosts, and the
+    # hang verdicts come from intra-host communicators. The job's size is the union of
+    # the census notes (16 hosts: cap 4 per hour), not the largest communicator (8: cap 2).
+    c = HostCorrelator(PolicyConfig(hang_settle_us=0, host_wait_us=0))
+    hosts = [f"node-{i:03d}" for i in range(16)]
+    for stage, names in enumerate((hosts[:8], hosts[8:])):
+        census = Verdict(id=f"census{stage}", ts_us=W, job="j", comm=f"dp-s{stage}",
+                         host=names[0], fault="noncomm_hang", score=0.0, reason="census",
+                         window_start_us=0, window_end_us=W, benign=True,
+                         evidence={"role": "census", "hosts": names, "comm_hosts": 8})  # fmt: skip
+        assert c.observe(census) == []
+    cmds = []
+    for i, host in enumerate(("node-001", "node-009", "node-012")):
+        cmds += feed(c, [hang(host, (30 + 10 * i) * W, hosts=1)])
+    assert [x.action for x in cmds] == ["cordon_and_taint"] * 3
+    assert c.job_hosts["j"] == 16

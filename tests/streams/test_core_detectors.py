@@ -96,7 +96,8 @@ def test_everybody_idle_or_gone_is_not_a_hang() -> None:
     # all ranks idle (a checkpoint between collectives), then the whole job stops
     out = run_heartbeats(det, 5, lambda r, sec, ts: hb(r, ts, 10, 10))
     out += det.advance(T0 + 30_000_000)
-    assert out == []
+    # only the census note (which hosts the communicator spans), nothing about a hang
+    assert [v.evidence["role"] for v in out] == ["census"] and all(v.benign for v in out)
 
 
 def _ops_window(
