@@ -36,12 +36,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from c4stream.kafka_admin import create_topics
 
 __all__ = [
     "KAFKA_VERSION",
@@ -501,58 +503,8 @@ def _stop_all() -> None:
 # --------------------------------------------------------------------------- topics
 
 
-def create_topics(
-    bootstrap: str,
-    topics: Mapping[str, int],
-    timeout: float = 30.0,
-    *,
-    replication_factor: int = 1,
-    config: Mapping[str, str] | None = None,
-) -> None:
-    """Create ``{name: partitions}`` and wait until every partition has a leader.
-
-    Idempotent: a topic that already exists is fine (a differing partition count is
-    only logged, since a shared cluster may have been set up differently).
-    """
-    if not topics:
-        return
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = [
-        NewTopic(
-            name, num_partitions=n, replication_factor=replication_factor, config=dict(config or {})
-        )
-        for name, n in topics.items()
-    ]
-    for name, fut in admin.create_topics(new, request_timeout=timeout).items():
-        try:
-            fut.result(timeout=timeout)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-                raise BrokerError(f"creating topic {name!r} failed: {err}") from exc
-
-    # Creation is acknowledged by the controller before the broker's metadata shows
-    # leaders; producers that start right away would otherwise get transient errors.
-    deadline = time.monotonic() + timeout
-    pending = dict(topics)
-    while pending:
-        md = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
-        for name, want in list(pending.items()):
-            t = md.topics.get(name)
-            if t is None or t.error is not None or not t.partitions:
-                continue
-            if any(p.leader < 0 for p in t.partitions.values()):
-                continue
-            if len(t.partitions) != want:
-                log.warning(
-                    "topic %s exists with %d partitions, wanted %d", name, len(t.partitions), want
-                )
-            del pending[name]
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise BrokerError(f"topics not ready after {timeout:.0f}s: {sorted(pending)}")
-        time.sleep(0.05)
+# create_topics lives in c4stream.kafka_admin (the worker and the demo use it too);
+# it is re-exported here for the test fixtures.
 
 
 # --------------------------------------------------------------------------- choice
