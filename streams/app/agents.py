@@ -2,8 +2,10 @@
 
 Agent ``detect`` on ``c4.events`` (key = communicator): ``take_events`` batches →
 :class:`~streams.app.router.CommRouter` → verdicts to ``c4.verdicts`` keyed by host.
-After each batch agent ``detect`` also publishes each partition's event-time clock to the
-worker's internal watermark topic. Agent ``correlate`` reads ``c4.verdicts`` and the
+Each verdict carries header ``c4-clock-us`` (its partition's event-time clock when it was
+concluded). After each batch, and every ``tick_s`` for all its partitions, agent ``detect``
+publishes each partition's clock, whether it has consumer lag, and the offset of its last
+verdict to the worker's internal watermark topic. Agent ``correlate`` reads ``c4.verdicts`` and the
 watermarks → :class:`~streams.app.router.CorrelatorRunner` (verdicts judged in event-time
 order behind the watermark) → isolation commands to ``c4.isolations`` keyed by host.
 Malformed input and failures inside detection go to ``c4.deadletter``; the agents never
@@ -20,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from streams.app.checkpoint import TableCheckpoints
-from streams.app.deadletter import DeadLetterPublisher, Record
+from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
 from streams.app.engine import Engine
 from streams.app.router import (
     CommRouter,
@@ -64,6 +66,7 @@ class WorkerParts:
             "correlate": asdict(self.correlator.stats),
             "comms": len(self.router.comms),
             "clock_us": {str(p): t for p, t in self.router.clock_us.items()},
+            "watermarks": self.correlator.describe(),
             "deadletters_sent": self.deadletters.sent,
             "table_writes": self.comm_store.writes + self.correlator_store.writes,
         }
@@ -77,6 +80,8 @@ def register_agents(
     ``metrics`` (a :class:`c4stream.metrics.Metrics`) gets the worker's counters,
     processing latency and consumer lag when given.
     """
+    from faust.types import TP
+
     topics = config.topics()
     watch = _Meter(metrics)
 
@@ -129,21 +134,33 @@ def register_agents(
         checkpoint_every_events=config.checkpoint_every_events,
         checkpoint_every_s=config.checkpoint_every_s,
         watermark_topic=config.watermark_topic(),
+        events_partitions=config.events_partitions,
         idle_s=config.watermark_idle_s,
         max_hold_s=config.max_hold_s,
+        slice_us=int(config.verdict_slice_s * 1e6),
     )
     dl = DeadLetterPublisher(deadletter_t)
     parts = WorkerParts(router, correlator, comm_store, cor_store, dl, set(), time.time())
 
-    marks_sent: dict[int, int] = {}
+    marks_sent: dict[tuple[int, int], Watermark] = {}
+    """(events partition, verdicts partition) -> last watermark sent."""
+    judged: dict[int, int] = {}
+    """events partition -> next offset agent ``detect`` has not judged yet."""
+    verdicts_sent: dict[int, int] = {}
+    """verdicts partition -> offset of the last verdict this worker put there."""
 
-    async def emit(out: Output, store: TableCheckpoints) -> None:
+    async def emit(out: Output, store: TableCheckpoints, *, heartbeat: bool = False) -> None:
         watch.output(out)
-        last = None
-        for v in out.verdicts:
-            last = await verdicts_t.send(key=v.host.encode(), value=encode_verdict(v))
+        sent = [
+            await verdicts_t.send(
+                key=v.host.encode(),
+                value=encode_verdict(v),
+                headers=[(CLOCK_HEADER, str(clock).encode())],
+            )
+            for v, clock in zip(out.verdicts, out.clocks, strict=True)
+        ]
         if store is comm_store:
-            await send_watermarks(last)
+            await send_watermarks(sent, heartbeat)
         for c in out.commands:
             log.info("isolation command %s: %s %s (%s)", c.id, c.action, c.host, c.fault)
             await isolations_t.send(key=c.host.encode(), value=encode_command(c))
@@ -151,23 +168,58 @@ def register_agents(
         for partition, key, data in out.checkpoints:
             store.put(partition, key, data)
 
-    async def send_watermarks(last_verdict: Any) -> None:
-        moved = {p: t for p, t in router.clock_us.items() if marks_sent.get(p) != t}
-        if not moved:
-            return
-        if last_verdict is not None:
-            await last_verdict  # verdicts are on the broker before the watermark passes them
-        for p, t in moved.items():
-            wm = encode_watermark(Watermark(partition=p, clock_us=t))
+    def caught_up(p: int) -> bool:
+        """No consumer lag: every message of events partition ``p`` fetched so far (the
+        broker's high watermark as of the last fetch) has been judged."""
+        try:
+            tp = TP(topics.events, p)
+            high = app.consumer.highwater(tp)
+            if high is None:
+                return False
+            nxt = judged.get(p)
+            if nxt is None:  # nothing judged since start: where the group left off
+                nxt = app.consumer._committed_offset.get(tp) or 0
+            return nxt >= high
+        except Exception:  # no consumer (yet): assume lag, i.e. keep holding
+            log.debug("high watermark of events[%d] not available", p, exc_info=True)
+            return False
+
+    async def send_watermarks(sent: list[Any], heartbeat: bool) -> None:
+        """After the verdicts are on the broker, tell every correlator how far each events
+        partition of this worker has been judged (changes only; all on ``heartbeat``)."""
+        for fut in sent:  # verdicts are on the broker before the watermark passes them
+            md = await fut
+            if md.offset > verdicts_sent.get(md.partition, -1):
+                verdicts_sent[md.partition] = md.offset
+        mine = {tp.partition for tp in parts.assigned if tp.topic == topics.events}
+        mine |= set(router.clock_us)
+        for p in sorted(mine):
+            clock, idle = router.clock_us.get(p, -1), caught_up(p)
             for q in range(config.verdicts_partitions):  # every correlator needs every clock
-                await watermark_t.send(key=str(p).encode(), value=wm, partition=q)
-            marks_sent[p] = t
+                wm = Watermark(
+                    partition=p,
+                    clock_us=clock,
+                    caught_up=idle,
+                    verdicts_offset=verdicts_sent.get(q, -1),
+                )
+                old = marks_sent.get((p, q))
+                if not heartbeat and old is not None and old.clock_us == clock:
+                    if old.caught_up == idle:
+                        continue
+                await watermark_t.send(key=str(p).encode(), value=encode_watermark(wm), partition=q)
+                marks_sent[(p, q)] = wm
 
     @app.agent(events_t, name="detect")
     async def detect(stream: Any) -> None:
         async for batch in stream.take_events(config.batch_max, within=config.batch_within_s):
             before = router.stats.events
-            out = router.process([Record.of_event(e) for e in batch])
+            records = [Record.of_event(e) for e in batch]
+            for rec in records:
+                if rec.offset >= judged.get(rec.partition, 0):
+                    judged[rec.partition] = rec.offset + 1
+            # Live partitions (no lag) are judged at once; catching-up ones slice by slice.
+            live = {p for p in {rec.partition for rec in records} if caught_up(p)}
+            out = router.process(records, live)
             watch.batch(len(batch), router.stats.events - before, router.clock_us)
             await emit(out, comm_store)
 
@@ -181,7 +233,7 @@ def register_agents(
 
     @app.timer(interval=config.tick_s)
     async def tick() -> None:
-        await emit(router.tick(), comm_store)
+        await emit(router.tick(), comm_store, heartbeat=True)
         await emit(correlator.tick(), cor_store)
         write_status(status_path, parts.status())
         watch.lag(app, parts.assigned)
@@ -192,6 +244,8 @@ def register_agents(
         ev = {tp.partition for tp in revoked if tp.topic == topics.events}
         vd = {tp.partition for tp in revoked if tp.topic == topics.verdicts}
         parts.assigned -= set(revoked)
+        for p in ev:
+            judged.pop(p, None)
         await emit(router.flush(ev, drop=True), comm_store)
         await emit(correlator.flush(vd, drop=True), cor_store)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from c4stream.deadletter import DeadLetter
 
-__all__ = ["DeadLetterPublisher", "Record", "dead_letter"]
+__all__ = ["CLOCK_HEADER", "DeadLetterPublisher", "Record", "dead_letter"]
 
 STAGE = "worker"
 
@@ -27,6 +27,9 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes
+    clock_us: int | None = None
+    """Header :data:`CLOCK_HEADER` of a verdict: the event-time clock of its events
+    partition when the detector concluded it (orders verdicts like DetectionPipeline)."""
 
     @property
     def source(self) -> str:
@@ -40,7 +43,34 @@ class Record:
         if not isinstance(value, bytes | bytearray):
             value = msg.value if isinstance(msg.value, bytes | bytearray) else b""
         key = event.key if isinstance(event.key, bytes | bytearray | None) else None
-        return cls(msg.topic, msg.partition, msg.offset, key, bytes(value))
+        clock = _header(getattr(msg, "headers", None), CLOCK_HEADER)
+        return cls(
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            key,
+            bytes(value),
+            int(clock) if clock is not None else None,
+        )
+
+
+CLOCK_HEADER = "c4-clock-us"
+
+
+def _header(headers: Any, name: str) -> bytes | None:
+    """A header's value, whether Faust hands them over as a mapping or as pairs.
+
+    >>> _header([("a", b"1"), ("c4-clock-us", b"7")], CLOCK_HEADER), _header(None, "a")
+    (b'7', None)
+    """
+    if not headers:
+        return None
+    if isinstance(headers, dict):
+        return headers.get(name)
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
 
 
 def dead_letter(record: Record, reason: str) -> DeadLetter:

@@ -73,6 +73,7 @@ def make_app(config: WorkerConfig, engine: Engine | None = None, metrics: Any = 
         autodiscover=False,
         broker_max_poll_records=config.max_poll_records,
         stream_buffer_maxsize=config.stream_buffer_maxsize,
+        consumer_max_fetch_size=config.fetch_max_partition_bytes,
     )
     parts: WorkerParts = register_agents(
         app, config, engine or CoreEngine(config.detect, config.policy), metrics

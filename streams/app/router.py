@@ -10,8 +10,9 @@ event-time clock (max ``ts_us`` seen) moves on by ``advance_every_us``, so a col
 that stops completing is noticed while heartbeats keep arriving.
 
 :class:`CorrelatorRunner` (agent 2, ``c4.verdicts`` plus the worker's watermark topic):
-one host correlator per verdicts partition, fed in event-time order behind a watermark
-(the slowest active events partition), see :class:`Watermark`.
+one host correlator per verdicts partition, fed in DetectionPipeline's order behind a
+watermark (the slowest events partition that still has lag or reports), see
+:class:`Watermark` and :class:`CorrelatorRunner`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -53,10 +55,16 @@ class Output:
     """What one batch (or tick) produced."""
 
     verdicts: list[Verdict] = field(default_factory=list)
+    clocks: list[int] = field(default_factory=list)
+    """Per verdict: its events partition's event-time clock when it was concluded."""
     commands: list[IsolationCommand] = field(default_factory=list)
     deadletters: list[DeadLetter] = field(default_factory=list)
     checkpoints: list[tuple[int, bytes, bytes]] = field(default_factory=list)
     """(partition, key, state bytes) to write to the table."""
+
+    def concluded(self, verdicts: list[Verdict], clock_us: int) -> None:
+        self.verdicts.extend(verdicts)
+        self.clocks.extend([clock_us] * len(verdicts))
 
 
 @dataclass
@@ -122,6 +130,12 @@ class CommRouter:
         self.clock_us: dict[int, int] = {}
         self._advanced_us: dict[int, int] = {}
         self._slice_end: dict[int, int] = {}
+        self.pending: dict[int, dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]]
+        self.pending = {}
+        """Per partition, the events of its open event-time slice, by communicator:
+        comm -> (its events, (record, its events) per message)."""
+        self._active: set[int] = set()
+        """Partitions that got messages since the last tick()."""
         self.stats = RouterStats()
 
     # ---------------------------------------------------------------- detectors
@@ -146,18 +160,22 @@ class CommRouter:
         return c
 
     # ---------------------------------------------------------------- batches
-    def process(self, records: Sequence[Record]) -> Output:
-        """One ``take`` batch of ``c4.events`` messages."""
+    def process(self, records: Sequence[Record], settle: Collection[int] = ()) -> Output:
+        """One ``take`` batch of ``c4.events`` messages.
+
+        ``settle``: partitions without consumer lag (live traffic): their open slice is
+        judged now, and advanced when due, rather than when the next slice begins, which
+        costs up to a second of latency. Partitions with lag (catching up) are judged
+        exactly slice by slice, as DetectionPipeline does."""
         out = Output()
         st = self.stats
         st.batches += 1
         st.messages += len(records)
-        # Per partition, pending events of the current event-time slice, by communicator:
-        # comm -> (its events, (record, its events) per message). As in DetectionPipeline,
-        # a slice is judged (observe, then advance every comm of the partition) when an
-        # event of the next slice arrives, so a catch-up batch spanning minutes of event
-        # time is judged slice by slice, like live traffic.
-        pending: dict[int, dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]] = {}
+        # As in DetectionPipeline, a slice is judged (observe, then advance every comm of
+        # the partition) when an event of the next slice arrives, whatever the batches:
+        # a catch-up batch spanning minutes of event time is judged slice by slice, and a
+        # slice spread over many small batches is judged at once, like offline.
+        pending = self.pending
         for rec in records:
             try:
                 events = decode_message(rec.value)
@@ -170,6 +188,7 @@ class CommRouter:
                 continue
             st.events += len(events)
             p = rec.partition
+            self._active.add(p)
             top = max(ev.ts_us for ev in events)
             end = self._slice_end.get(p)
             if end is None or top >= end:
@@ -182,7 +201,10 @@ class CommRouter:
             groups = pending.setdefault(p, {})
             first = events[0].comm
             if all(ev.comm == first for ev in events):  # the usual case: one comm per message
-                g = groups.setdefault(first, ([], []))
+                g = groups.get(first)
+                if g is None:
+                    self._comm(first, p)  # restored (or created) on arrival, like status says
+                    g = groups[first] = ([], [])
                 g[0].extend(events)
                 g[1].append((rec, events))
             else:
@@ -190,12 +212,19 @@ class CommRouter:
                 for ev in events:
                     per_comm.setdefault(ev.comm, []).append(ev)
                 for comm, evs in per_comm.items():
-                    g = groups.setdefault(comm, ([], []))
+                    g = groups.get(comm)
+                    if g is None:
+                        self._comm(comm, p)
+                        g = groups[comm] = ([], [])
                     g[0].extend(evs)
                     g[1].append((rec, evs))
-        for p, groups in pending.items():
-            self._judge(p, groups, out)
-            if self.clock_us[p] - self._advanced_us.get(p, 0) >= self.advance_every_us:
+        for p in settle:
+            groups = pending.pop(p, None)
+            if groups:
+                self._judge(p, groups, out)
+            if p in self.clock_us and (
+                self.clock_us[p] - self._advanced_us.get(p, 0) >= self.advance_every_us
+            ):
                 self._advance_partition(p, out)
         out.checkpoints.extend(self._checkpoint(self.schedule.take_due(self.wall())))
         self._count(out)
@@ -208,10 +237,11 @@ class CommRouter:
         out: Output,
     ) -> None:
         now = self.wall()
+        clock = self.clock_us[p]
         for comm, (events, parts) in groups.items():
             c = self._comm(comm, p)
             try:
-                out.verdicts.extend(c.detector.observe(events))
+                out.concluded(c.detector.observe(events), clock)
             except Exception as err:
                 if len(parts) == 1:
                     self._detector_failed(comm, err, parts[0][0], out)
@@ -219,7 +249,7 @@ class CommRouter:
                 # Retry message by message so only the offending one is dead-lettered.
                 for rec, evs in parts:
                     try:
-                        out.verdicts.extend(c.detector.observe(evs))
+                        out.concluded(c.detector.observe(evs), clock)
                     except Exception as err1:
                         self._detector_failed(comm, err1, rec, out)
             self.schedule.touch(comm, len(events), now)
@@ -248,17 +278,29 @@ class CommRouter:
                 log.exception("detector of communicator %s failed to advance to %d", comm, now_us)
                 continue
             if found:
-                out.verdicts.extend(found)
+                out.concluded(found, now_us)
                 self.schedule.touch(comm, 0, wall)
 
     def tick(self) -> Output:
-        """Wall-clock timer: advance lagging partitions, take time-due checkpoints."""
-        out = Output()
-        for p in list(self.clock_us):
-            if self.clock_us[p] > self._advanced_us.get(p, 0):
-                self._advance_partition(p, out)
+        """Wall-clock timer: close the open slice of every partition that got no message
+        since the previous tick (traffic stopped: judge it and advance, so a hang is
+        still found), take time-due checkpoints."""
+        quiet = set(self.clock_us) - self._active
+        self._active.clear()
+        out = self.close_slices(quiet)
         out.checkpoints.extend(self._checkpoint(self.schedule.take_due(self.wall())))
         self._count(out)
+        return out
+
+    def close_slices(self, partitions: set[int] | None = None) -> Output:
+        """Judge the open slice of ``partitions`` (all by default) and advance them."""
+        out = Output()
+        for p in list(self.clock_us if partitions is None else partitions):
+            groups = self.pending.pop(p, None)
+            if groups:
+                self._judge(p, groups, out)
+            if p in self.clock_us and self.clock_us[p] > self._advanced_us.get(p, 0):
+                self._advance_partition(p, out)
         return out
 
     def _checkpoint(self, comms: list[str]) -> list[tuple[int, bytes, bytes]]:
@@ -276,13 +318,15 @@ class CommRouter:
 
     def flush(self, partitions: set[int] | None = None, *, drop: bool = False) -> Output:
         """Checkpoint every dirty communicator (of ``partitions``); ``drop`` forgets them
-        (the partitions were revoked: another worker restores them from the table)."""
+        (the partitions were revoked: another worker restores them from the table).
+        Open slices are judged first."""
+        out = self.close_slices(partitions)
         keys = [
             comm
             for comm, c in self.comms.items()
             if partitions is None or c.partition in partitions
         ]
-        out = Output(checkpoints=self._checkpoint(self.schedule.take_all(keys)))
+        out.checkpoints.extend(self._checkpoint(self.schedule.take_all(keys)))
         if drop:
             for comm in keys:
                 c = self.comms.pop(comm)
@@ -293,6 +337,8 @@ class CommRouter:
                 self._advanced_us.pop(p, None)
                 self._slice_end.pop(p, None)
                 self.by_partition.pop(p, None)
+                self.pending.pop(p, None)
+                self._active.discard(p)
         self._count(out)
         return out
 
@@ -302,21 +348,31 @@ class CommRouter:
         self.stats.checkpoints += len(out.checkpoints)
 
 
-class Watermark(msgspec.Struct, frozen=True):
+class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
     """Event-time progress of one ``c4.events`` partition, sent by agent 1 to agent 2.
 
     Verdicts of different partitions reach the correlator out of event-time order (one
     partition may be seconds ahead of another, very much so while catching up), and the
     correlator must see a victim's "waiting in communicator X" before it judges that
-    victim as the culprit elsewhere. So agent 2 holds verdicts until every active
+    victim as the culprit elsewhere. So agent 2 holds verdicts until every events
     partition's clock has passed them, and feeds them in event-time order.
 
     >>> decode_watermark(encode_watermark(Watermark(partition=3, clock_us=7)))
-    Watermark(partition=3, clock_us=7)
+    Watermark(partition=3, clock_us=7, caught_up=False, verdicts_offset=-1)
+    >>> encode_watermark(Watermark(partition=3, clock_us=-1, caught_up=True))
+    b'{"partition":3,"clock_us":-1,"caught_up":true}'
     """
 
     partition: int
     clock_us: int
+    """Newest ``ts_us`` judged in this partition; -1 if none since the sender started."""
+    caught_up: bool = False
+    """The sender had judged everything in the partition (no consumer lag) when it sent
+    this: the only case in which the partition may stop holding the watermark back."""
+    verdicts_offset: int = -1
+    """Offset of the last verdict the sender had put on the ``c4.verdicts`` partition this
+    watermark travels with (-1: none). The two topics are fetched independently, so the
+    mark only counts once the correlator has read the verdicts partition that far."""
 
 
 _wm_decoder = msgspec.json.Decoder(Watermark)
@@ -330,14 +386,42 @@ def decode_watermark(data: bytes) -> Watermark:
     return _wm_decoder.decode(data)
 
 
+@dataclass
+class _Mark:
+    """What the correlator knows of one events partition (wall times are its own)."""
+
+    clock_us: int
+    heard: float
+    """When a report on the partition last arrived."""
+    moved: float
+    """When its clock last moved."""
+    idle_since: float | None = None
+    """Since when every report said "caught up" at an unchanged clock (None: lagging)."""
+
+
 class CorrelatorRunner:
     """One host correlator per ``c4.verdicts`` partition, fed in event-time order.
 
-    The event-time clock (watermark) is the minimum clock of the ``c4.events``
-    partitions that reported progress within ``idle_s`` of wall time (a partition
-    without traffic must not hold everything back); when none did, the newest clock
-    moved on by wall time, so cool-downs still expire. A verdict waits at most
-    ``max_hold_s`` of wall time for the watermark.
+    Verdicts are judged in the order :class:`~streams.core.DetectionPipeline` judges
+    them: by the event-time slice (``slice_us``) of the clock at which their detector
+    concluded them (header :data:`~streams.app.deadletter.CLOCK_HEADER`; a hang found
+    late carries an early ``ts_us``), then by ``ts_us``, benign notes first. A slice is
+    judged once the watermark has passed its end: no partition can conclude anything in
+    it any more.
+
+    The event-time watermark of a verdicts partition is the minimum clock of the
+    ``c4.events`` partitions (all ``events_partitions`` of them when given, else those
+    that reported), not counting a partition that
+
+    * has had no consumer lag at an unchanged clock for ``idle_s`` of wall time (no
+      traffic: it must not hold everything back), or
+    * sent no report at all for ``max_hold_s`` of wall time (its worker is gone).
+
+    A partition with lag always holds, however slow the machine: wall time alone never
+    lets a verdict overtake one that explains it. A partition not heard of yet (e.g.
+    after a restart) holds too. When no partition holds, the newest clock moves on by
+    wall time, so cool-downs still expire. At most ``max_pending`` verdicts per verdicts
+    partition are held (the oldest are judged beyond that: bounded state).
     """
 
     def __init__(
@@ -348,23 +432,35 @@ class CorrelatorRunner:
         checkpoint_every_events: int,
         checkpoint_every_s: float,
         watermark_topic: str = "",
+        events_partitions: int | None = None,
         idle_s: float = 5.0,
         max_hold_s: float = 30.0,
+        slice_us: int = 500_000,
+        max_pending: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.lookup = lookup
         self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
         self.watermark_topic = watermark_topic
+        self.events_partitions = events_partitions
         self.idle_s = idle_s
         self.max_hold_s = max_hold_s
+        self.slice_us = slice_us
+        self.max_pending = max_pending
         self.wall = clock
+        self.started = clock()
         self.correlators: dict[int, CorrelatorLike] = {}
-        self.marks: dict[int, tuple[int, float]] = {}
-        """events partition -> (clock_us, wall time it last moved)."""
-        self.pending: dict[int, list[tuple[int, int, float, Verdict, Record]]] = {}
+        self.marks: dict[int, dict[int, _Mark]] = {}
+        """verdicts partition -> events partition -> what its reports said."""
+        self.read_upto: dict[int, int] = {}
+        """verdicts partition -> highest offset read."""
+        self.deferred: dict[int, list[tuple[Watermark, float]]] = {}
+        """Watermarks whose verdicts have not been read yet, with when they arrived."""
+        self.pending: dict[int, list[tuple[int, int, bool, int, Verdict, Record]]] = {}
+        """verdicts partition -> heap of (slice end, ts_us, not benign, seq, ...)."""
         self._seq = 0
-        self._advanced_us = -1
+        self._advanced_us: dict[int, int] = {}
         self.stats = RouterStats()
 
     @staticmethod
@@ -389,15 +485,69 @@ class CorrelatorRunner:
         self.correlators[p] = cor
         return cor
 
-    def watermark(self, now: float) -> int | None:
-        """Event time up to which every active partition's verdicts have arrived."""
-        if not self.marks:
+    def _marks(self, q: int) -> dict[int, _Mark]:
+        marks = self.marks.get(q)
+        if marks is None:
+            # Every events partition holds until it is heard of (or max_hold_s passes).
+            n = self.events_partitions or 0
+            t = self.started
+            marks = self.marks[q] = {p: _Mark(-1, t, t) for p in range(n)}
+        return marks
+
+    def _apply(self, q: int, wm: Watermark, now: float) -> None:
+        marks = self._marks(q)
+        m = marks.get(wm.partition)
+        if m is None:
+            m = marks[wm.partition] = _Mark(-1, now, now)
+        m.heard = now
+        moved = wm.clock_us > m.clock_us
+        if moved:  # clocks never go back (a restarted sender starts at -1)
+            m.clock_us = wm.clock_us
+            m.moved = now
+        if not wm.caught_up:
+            m.idle_since = None
+        elif moved or m.idle_since is None:
+            m.idle_since = now
+
+    def watermark(self, now: float, q: int = 0) -> int | None:
+        """Event time up to which every events partition's verdicts have reached verdicts
+        partition ``q`` (None: nothing can be released yet)."""
+        marks = self._marks(q)
+        holding = [
+            m.clock_us
+            for m in marks.values()
+            if now - m.heard < self.max_hold_s
+            and (m.idle_since is None or now - m.idle_since < self.idle_s)
+        ]
+        if holding:
+            low = min(holding)
+            return low if low >= 0 else None
+        known = [m for m in marks.values() if m.clock_us >= 0]
+        if not known:
             return None
-        live = [c for c, w in self.marks.values() if now - w <= self.idle_s]
-        if live:
-            return min(live)
-        clock, moved = max(self.marks.values())
-        return clock + int((now - moved) * 1e6)
+        newest = max(known, key=lambda m: m.clock_us)
+        return newest.clock_us + int((now - newest.moved) * 1e6)
+
+    def describe(self) -> dict[str, Any]:
+        """Per verdicts partition: the watermark, held verdicts and each events
+        partition's clock / seconds since heard / seconds caught up (for status.json)."""
+        now = self.wall()
+        out: dict[str, Any] = {}
+        for q, marks in self.marks.items():
+            out[str(q)] = {
+                "watermark_us": self.watermark(now, q),
+                "held": len(self.pending.get(q, ())),
+                "deferred": len(self.deferred.get(q, ())),
+                "partitions": {
+                    str(p): [
+                        m.clock_us,
+                        round(now - m.heard, 1),
+                        None if m.idle_since is None else round(now - m.idle_since, 1),
+                    ]
+                    for p, m in sorted(marks.items())
+                },
+            }
+        return out
 
     def process(self, records: Sequence[Record]) -> Output:
         out = Output()
@@ -405,16 +555,20 @@ class CorrelatorRunner:
         st.batches += 1
         now = self.wall()
         for rec in records:
+            q = rec.partition
             if rec.topic == self.watermark_topic:
                 try:
                     wm = decode_watermark(rec.value)
                 except msgspec.DecodeError as err:
                     out.deadletters.append(dead_letter(rec, f"undecodable watermark: {err}"))
                     continue
-                old = self.marks.get(wm.partition)
-                if old is None or wm.clock_us > old[0]:
-                    self.marks[wm.partition] = (wm.clock_us, now)
+                if wm.verdicts_offset > self.read_upto.get(q, -1):
+                    self.deferred.setdefault(q, []).append((wm, now))
+                else:
+                    self._apply(q, wm, now)
                 continue
+            if rec.offset > self.read_upto.get(q, -1):
+                self.read_upto[q] = rec.offset
             st.messages += 1
             try:
                 verdict = decode_verdict(rec.value)
@@ -423,37 +577,54 @@ class CorrelatorRunner:
                 continue
             st.events += 1
             self._seq += 1
+            self._correlator(q)  # restored (or created) now: status shows what serves q
+            clock = rec.clock_us if rec.clock_us is not None else verdict.ts_us
+            end = clock - clock % self.slice_us + self.slice_us
             heapq.heappush(
-                self.pending.setdefault(rec.partition, []),
-                (verdict.ts_us, self._seq, now, verdict, rec),
+                self.pending.setdefault(q, []),
+                (end, verdict.ts_us, not verdict.benign, self._seq, verdict, rec),
             )
         self._release(out, now)
         out.checkpoints.extend(self._checkpoint(self.schedule.take_due(now)))
         self._count(out)
         return out
 
-    def _release(self, out: Output, now: float, *, everything: bool = False) -> None:
-        wm = self.watermark(now)
-        for p, heap in self.pending.items():
-            while heap and (
-                everything
-                or (wm is not None and heap[0][0] <= wm)
-                or now - heap[0][2] >= self.max_hold_s
-            ):
-                _, _, _, verdict, rec = heapq.heappop(heap)
-                self._observe(p, verdict, rec, out, now)
-        if wm is not None and wm > self._advanced_us:
-            self._advanced_us = wm
-            for p, cor in self.correlators.items():
-                try:
-                    found = cor.advance(wm)
-                except Exception:
-                    self.stats.detector_errors += 1
-                    log.exception("host correlator %d failed to advance", p)
-                    continue
-                if found:
-                    out.commands.extend(found)
-                    self.schedule.touch(p, 1, now)
+    def _undefer(self, now: float) -> None:
+        for q, waiting in self.deferred.items():
+            if not waiting:
+                continue
+            upto = self.read_upto.get(q, -1)
+            keep = []
+            for wm, at in waiting:
+                # A mark whose verdict never shows up (this correlator started past it,
+                # e.g. after a restart) counts after idle_s rather than never.
+                if wm.verdicts_offset <= upto or now - at >= self.idle_s:
+                    self._apply(q, wm, now)
+                else:
+                    keep.append((wm, at))
+            self.deferred[q] = keep
+
+    def _release(self, out: Output, now: float) -> None:
+        self._undefer(now)
+        for q, heap in self.pending.items():
+            wm = self.watermark(now, q)
+            while heap and ((wm is not None and heap[0][0] <= wm) or len(heap) > self.max_pending):
+                verdict, rec = heapq.heappop(heap)[-2:]
+                self._observe(q, verdict, rec, out, now)
+        for q, cor in self.correlators.items():
+            wm = self.watermark(now, q)
+            if wm is None or wm <= self._advanced_us.get(q, -1):
+                continue
+            self._advanced_us[q] = wm
+            try:
+                found = cor.advance(wm)
+            except Exception:
+                self.stats.detector_errors += 1
+                log.exception("host correlator %d failed to advance", q)
+                continue
+            if found:
+                out.commands.extend(found)
+                self.schedule.touch(q, 1, now)
 
     def _observe(self, p: int, verdict: Verdict, rec: Record, out: Output, now: float) -> None:
         cor = self._correlator(p)
@@ -493,7 +664,7 @@ class CorrelatorRunner:
         held = {p: h for p, h in self.pending.items() if partitions is None or p in partitions}
         for p, heap in held.items():
             while heap:
-                _, _, _, verdict, rec = heapq.heappop(heap)
+                verdict, rec = heapq.heappop(heap)[-2:]
                 self._observe(p, verdict, rec, out, now)
         parts = [p for p in self.correlators if partitions is None or p in partitions]
         out.checkpoints.extend(self._checkpoint(self.schedule.take_all(parts)))
@@ -501,6 +672,11 @@ class CorrelatorRunner:
             for p in parts:
                 self.correlators.pop(p, None)
                 self.pending.pop(p, None)
+            for q in list(self.marks) if partitions is None else partitions:
+                self.marks.pop(q, None)
+                self.deferred.pop(q, None)
+                self.read_upto.pop(q, None)
+                self._advanced_us.pop(q, None)
         self._count(out)
         return out
 

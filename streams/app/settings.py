@@ -60,6 +60,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream_buffer_maxsize: Pos = 16384
     """Faust fetch/queue sizes: larger than the defaults (500/4096), which measured ~1.5x
     slower on a backlog (Faust's per-message overhead dominates small messages)."""
+    fetch_max_partition_bytes: Pos = 4 * 1024 * 1024
+    """Most bytes one fetch returns per partition (Faust ``consumer_max_fetch_size``,
+    default 1 MiB): fewer fetch round trips on a backlog."""
     checkpoint_every_events: Pos = 20_000
     """Checkpoint a communicator after this many events (not per event: a table write
     costs more than detecting on the event)."""
@@ -69,10 +72,16 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Event-time step at which every communicator of a partition is advanced (hangs are
     found by the clock moving on while a collective does not complete)."""
     watermark_idle_s: PosFloat = 5.0
-    """An events partition whose clock has not moved for this long (wall) no longer holds
-    back the correlator's event-time watermark."""
+    """An events partition with no consumer lag whose clock has not moved for this long
+    (wall) no longer holds back the correlator's event-time watermark. A partition with
+    lag always holds, however slow the machine."""
     max_hold_s: PosFloat = 30.0
-    """A verdict waits at most this long (wall) for the watermark before it is judged."""
+    """An events partition from which no watermark at all arrived for this long (wall:
+    its worker is gone) no longer holds back the correlator. Live workers report every
+    ``tick_s``."""
+    verdict_slice_s: PosFloat = 0.5
+    """Verdicts concluded within one event-time slice of this length are judged together,
+    ordered by ``ts_us`` (as ``DetectionPipeline`` with its default ``tick_us``)."""
     tick_s: PosFloat = 1.0
     """Wall-clock period of the timer that advances detectors, checkpoints, writes status."""
 

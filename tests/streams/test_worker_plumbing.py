@@ -339,7 +339,12 @@ def test_restart_resumes_from_table_checkpoints(kafka_bootstrap: str, tmp_path: 
             [batch(c, range(i, i + 10)) for i in range(0, 40, 10) for c in comms]
             + [batch("0xa", range(40, 41), fault_host="node-007")],
         )
-        st1 = w1.wait_for(lambda s: s["detect"]["events"] >= 122, 30, "through run 1")
+        st1 = w1.wait_for(
+            # the fault's verdict reached the correlator (its slice closes once traffic stops)
+            lambda s: s["detect"]["events"] >= 122 and s["correlate"]["events"] >= 1,
+            30,
+            "through run 1",
+        )
         assert w1.stop() == 0
     assert st1["detect"]["created"] == 3 and st1["detect"]["restored"] == 0
     ckpt = last_checkpoints(

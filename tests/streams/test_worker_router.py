@@ -13,7 +13,7 @@ from producers.events import Event, OpEvent, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
 from streams.app.deadletter import Record
 from streams.app.engine import CoreEngine
-from streams.app.router import CommRouter, CorrelatorRunner, Watermark, encode_watermark
+from streams.app.router import CommRouter, CorrelatorRunner, Output, Watermark, encode_watermark
 from streams.core import DetectionPipeline
 from streams.verdicts import Verdict, encode_verdict
 
@@ -65,13 +65,21 @@ def test_router_and_correlator_decide_like_the_offline_pipeline(
     # Worst-case skew: each partition entirely, one after the other (a catch-up).
     recs.sort(key=lambda rec: rec.partition)
     verdicts: list[Verdict] = []
+    clocks: list[int] = []
     for i in range(0, len(recs), batch):
-        verdicts += r.process(recs[i : i + batch]).verdicts
-    verdicts += r.tick().verdicts
+        out = r.process(recs[i : i + batch])
+        verdicts += out.verdicts
+        clocks += out.clocks
+    out = r.close_slices()  # end of input, as DetectionPipeline.finish()
+    verdicts += out.verdicts
+    clocks += out.clocks
     assert sorted(v.id for v in verdicts) == sorted(v.id for v in offline.verdicts)
 
     c = runner()
-    vrecs = [Record("v", 0, i, None, encode_verdict(v)) for i, v in enumerate(verdicts)]
+    vrecs = [
+        Record("v", 0, i, None, encode_verdict(v), t)
+        for i, (v, t) in enumerate(zip(verdicts, clocks, strict=True))
+    ]
     held = c.process(vrecs)
     assert held.commands == [] and sum(map(len, c.pending.values())) == len(verdicts)
     marks = [
@@ -145,9 +153,11 @@ def test_a_batch_spanning_seconds_is_judged_slice_by_slice() -> None:
         ("advance", 900_000),
         ("observe", [1_200_000]),
         ("advance", 1_200_000),
-        ("observe", [2_500_000]),
-        ("advance", 2_500_000),
-    ]
+    ]  # the open slice is judged when it closes, or by the timer once traffic stops:
+    r.tick()
+    assert eng.log[-1] == ("advance", 1_200_000)  # the partition was active: no-op
+    r.tick()
+    assert eng.log[-2:] == [("observe", [2_500_000]), ("advance", 2_500_000)]
 
 
 def test_bad_messages_become_dead_letters_and_the_rest_is_judged() -> None:
@@ -162,6 +172,10 @@ def test_bad_messages_become_dead_letters_and_the_rest_is_judged() -> None:
         Record("ev", 1, 15, b"0xa", encode_message([ev(4)])),
     ]
     out = r.process(recs)
+    assert eng.log == [] and out.deadletters  # decoding problems at once; the slice is open
+    closed = r.close_slices()
+    out.deadletters += closed.deadletters
+    out.checkpoints += r.tick().checkpoints
     got = {dl.source: dl.reason for dl in out.deadletters}
     assert set(got) == {"ev[1]@11", "ev[1]@12", "ev[1]@13", "ev[1]@14"}
     assert got["ev[1]@11"].startswith("event breaks the contract: empty message")
@@ -172,3 +186,111 @@ def test_bad_messages_become_dead_letters_and_the_rest_is_judged() -> None:
     # 3 good events >= every 2 events: one checkpoint, to the comm's own partition.
     assert out.checkpoints == [(1, b"0xa", b"state")]
     assert r.flush().checkpoints == []  # nothing dirty any more
+
+
+# ------------------------------------------------- the correlator's event-time watermark
+
+
+def live_runner(partitions: int, clock: list[float], **kw: object) -> CorrelatorRunner:
+    return CorrelatorRunner(
+        CoreEngine(),
+        lambda key: None,
+        checkpoint_every_events=10**9,
+        checkpoint_every_s=1e9,
+        watermark_topic="wm",
+        events_partitions=partitions,
+        clock=lambda: clock[0],
+        **kw,
+    )
+
+
+def verdict_records(out: Output, first_offset: int) -> list[Record]:
+    """The verdicts of one router output as agent 1 puts them on ``c4.verdicts``."""
+    return [
+        Record("v", 0, first_offset + j, None, encode_verdict(v), t)
+        for j, (v, t) in enumerate(zip(out.verdicts, out.clocks, strict=True))
+    ]
+
+
+def mark(p: int, t: int, offset: int = 0, **kw: object) -> Record:
+    return Record("wm", 0, offset, None, encode_watermark(Watermark(partition=p, clock_us=t, **kw)))
+
+
+@pytest.mark.parametrize("partitions", [2, 4])
+def test_verdicts_stream_in_like_agent_1_sends_them_and_decide_like_offline(
+    trace: list[list[Event]], partitions: int
+) -> None:
+    """As the agents run: after each detect batch its verdicts, then the clocks of the
+    partitions that moved, while one partition after the other is caught up (worst skew)
+    and wall time races ahead (a loaded machine). No partition may let a verdict through
+    before a slower one has passed it, whatever the wall clock says."""
+    offline = DetectionPipeline()
+    for b in trace:
+        offline.feed(b)
+    offline.finish()
+
+    r = router()
+    recs = [
+        Record("ev", hash(b[0].comm) % partitions, i, b[0].comm.encode(), encode_message(b))
+        for i, b in enumerate(trace)
+    ]
+    recs.sort(key=lambda rec: rec.partition)
+    wall = [0.0]
+    c = live_runner(partitions, wall)
+    commands = []
+    n_v = 0
+    for i in range(0, len(recs), 40):
+        out = r.process(recs[i : i + 40])
+        vrecs = verdict_records(out, n_v)
+        n_v += len(vrecs)
+        # Every tick agent 1 reports every partition it serves (lagging ones included).
+        clocks = [r.clock_us.get(p, -1) for p in range(partitions)]
+        marks = [mark(p, t, verdicts_offset=n_v - 1) for p, t in enumerate(clocks)]
+        commands += c.process(vrecs + marks).commands
+        wall[0] += 60.0  # minutes of wall time per batch: neither idle_s nor max_hold_s apply
+    out = r.close_slices()  # end of input, as DetectionPipeline.finish()
+    vrecs = verdict_records(out, n_v)
+    commands += c.process(vrecs + [mark(p, t) for p, t in r.clock_us.items()]).commands
+    commands += c.flush().commands
+    assert [(x.host, x.gpu, x.fault, x.id) for x in commands] == [
+        (x.host, x.gpu, x.fault, x.id) for x in offline.commands
+    ]
+
+
+def test_a_partition_not_heard_of_yet_holds_then_one_idle_or_silent_does_not() -> None:
+    wall = [100.0]
+    c = live_runner(3, wall, idle_s=5.0, max_hold_s=30.0)
+    c.process([mark(0, 10_000_000)])
+    assert c.watermark(wall[0]) is None  # 1 and 2 never reported: they hold (a restart)
+    c.process([mark(1, 4_000_000, caught_up=False), mark(2, 8_000_000, caught_up=True)])
+    assert c.watermark(wall[0]) == 4_000_000
+    wall[0] += 6.0  # partition 2: no lag for idle_s; 1 still lagging (it reports, slowly)
+    c.process([mark(1, 5_000_000), mark(2, 8_000_000, caught_up=True)])
+    assert c.watermark(wall[0]) == 5_000_000
+    wall[0] += 100.0
+    c.process([mark(1, 5_000_000), mark(0, 10_000_000)])  # lag, however long: still holds
+    assert c.watermark(wall[0]) == 5_000_000
+    wall[0] += 31.0  # 1 went silent (its worker is gone) for max_hold_s: no longer holds
+    c.process([mark(0, 12_000_000)])
+    assert c.watermark(wall[0]) == 12_000_000
+
+
+def test_a_watermark_waits_for_the_verdicts_it_covers() -> None:
+    wall = [0.0]
+    c = live_runner(1, wall)
+    v = Verdict(
+        id="v1",
+        ts_us=1_000_000,
+        job="j",
+        comm="0xa",
+        host="h",
+        fault="straggler",
+        score=1.0,
+        reason="r",
+        window_start_us=0,
+        window_end_us=1_000_000,
+    )
+    c.process([mark(0, 2_000_000, offset=0, verdicts_offset=5)])  # fetched before verdict 5
+    assert c.watermark(wall[0]) is None
+    c.process([Record("v", 0, 5, None, encode_verdict(v))])
+    assert c.watermark(wall[0]) == 2_000_000 and not c.pending[0]
