@@ -84,6 +84,7 @@ def _worker_config(bootstrap: str, tmp: Path, prefix: str) -> WorkerConfig:
     return WorkerConfig(
         kafka=KafkaConfig(bootstrap=bootstrap, topic_prefix=prefix),
         app_id="bench",
+        tick_s=0.1,  # status.json every 0.1 s: the timing below reads it
         workdir=str(tmp / f"worker-{prefix.rstrip('.')}"),
     )
 
