@@ -240,6 +240,9 @@ def test_exporter_metrics(
                 value(s, "c4stream_events_in_total", stage="exporter") >= len(good)
                 and value(s, "c4stream_deadletters_total", stage="exporter") >= 1
                 and value(s, "c4stream_processing_latency_seconds_count", stage="exporter") >= 1
+                # counters are synced once per loop step, after the acknowledgements
+                and value(s, "c4stream_sink_actions_total", stage="exporter", outcome="delivered")
+                >= 2
             ),
             timeout=40,
         )
