@@ -8,17 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer
 
 from c4stream.deadletter import DeadLetter
 from c4stream.kafka import KafkaConfig
 from producers.events import decode_message
 from producers.exporter import Exporter, ExporterConfig
+from tests.kafka_helpers import consume
 
 
 def _load_fixture_maker():  # tests/ is not a package: load the fixture writer by path
@@ -57,32 +56,6 @@ def _line(comm: str, rank: int, sn: int, host: str = "node-001") -> bytes:
 def _append(path: Path, data: bytes) -> None:
     with open(path, "ab") as fh:
         fh.write(data)
-
-
-def consume(bootstrap: str, topic: str, expect: int, timeout: float = 30.0) -> list:
-    """All messages of ``topic`` (every partition); waits for ``expect`` then 1 s more."""
-    c = Consumer(
-        KafkaConfig(bootstrap=bootstrap).consumer_config(
-            f"t-{uuid.uuid4().hex[:8]}", **{"enable.partition.eof": False}
-        )
-    )
-    c.subscribe([topic])
-    out: list = []
-    deadline = time.monotonic() + timeout
-    quiet_until: float | None = None
-    try:
-        while time.monotonic() < deadline:
-            msg = c.poll(0.2)
-            if msg is not None and msg.error() is None:
-                out.append(msg)
-                continue
-            if len(out) >= expect:
-                quiet_until = quiet_until or time.monotonic() + 1.0
-                if time.monotonic() >= quiet_until:
-                    break
-    finally:
-        c.close()
-    return out
 
 
 def _seqs(msgs: list) -> Counter:

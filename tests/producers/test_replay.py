@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer
 from typer.testing import CliRunner
 
 from c4stream.cli import app
@@ -18,32 +16,10 @@ from c4stream.kafka import KafkaConfig
 from producers.events import OpEvent, ProgressEvent, decode_message
 from producers.replay import ReplayConfig, replay
 from producers.traces import TraceWriter
+from tests.kafka_helpers import consume
 
 DATA = Path(__file__).parent / "data"
 T0 = 1_750_000_000_000_000
-
-
-def consume(bootstrap: str, topic: str, expect: int, timeout: float = 30.0) -> list:
-    """All messages of ``topic``; waits for ``expect`` messages, then 1 s of quiet."""
-    c = Consumer(KafkaConfig(bootstrap=bootstrap).consumer_config(f"t-{uuid.uuid4().hex[:8]}"))
-    c.subscribe([topic])
-    out: list = []
-    deadline = time.monotonic() + timeout
-    quiet_until: float | None = None
-    try:
-        while time.monotonic() < deadline:
-            msg = c.poll(0.2)
-            if msg is not None and msg.error() is None:
-                out.append(msg)
-                quiet_until = None
-                continue
-            if len(out) >= expect:
-                quiet_until = quiet_until or time.monotonic() + 1.0
-                if time.monotonic() >= quiet_until:
-                    break
-    finally:
-        c.close()
-    return out
 
 
 def _op(comm: str, rank: int, seq: int, ts: int) -> OpEvent:
