@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the main ``c4stream`` app."""
@@ -32,10 +34,17 @@ def worker(
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="Faust data dir and status.json.")
     ] = None,
+    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
+    ] = "127.0.0.1",
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
+    log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
 ) -> None:
     """Run the Faust worker: c4.events -> verdicts -> c4.isolations, until SIGINT/SIGTERM.
 
-    Logs and the Prometheus /metrics endpoint follow [log] and [metrics] of --config.
+    Logs and the Prometheus /metrics endpoint follow [log] and [metrics] of --config;
+    the flags win over the file.
     """
     from c4stream.service import start_service
     from c4stream.settings_loader import SettingsError

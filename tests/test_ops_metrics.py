@@ -344,3 +344,49 @@ def test_alerter_metrics_with_the_unified_config(kafka_bootstrap: str, tmp_path:
         finally:
             stop(proc)
     assert proc.returncode == 0, log.read_text()[-2000:]
+
+
+# ------------------------------------------------------------------ worker
+
+
+@pytest.mark.timeout(90)
+def test_worker_metrics_from_flags(kafka_bootstrap: str, tmp_path: Path) -> None:
+    from producers.events import ProgressEvent, encode_message
+
+    prefix = f"opsw{uuid.uuid4().hex[:6]}."
+    port = free_port()
+    log = tmp_path / "worker.log"
+    proc = start(
+        [
+            *("worker", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix),
+            *("--workdir", str(tmp_path / "w"), "--metrics-port", str(port), "--log-json"),
+        ],
+        log,
+    )
+    try:
+        events = [
+            ProgressEvent(v=1, job="j", comm="0xa", nranks=2, rank=r, host=f"node-{r}",
+                          ts_us=int(time.time() * 1e6), started=3, completed=3)
+            for r in range(2)
+        ]  # fmt: skip
+        # The worker creates its topics at start; produce once they exist.
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "w" / "status.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        produce(kafka_bootstrap, f"{prefix}c4.events", [encode_message(events), b"[{oops"])
+        s = wait_scrape(
+            port,
+            proc,
+            lambda s: (
+                value(s, "c4stream_events_in_total", stage="worker") >= 2
+                and value(s, "c4stream_deadletters_total", stage="worker") >= 1
+            ),
+            timeout=60,
+        )
+        assert value(s, "c4stream_events_in_total", stage="worker") == 2
+        assert value(s, "c4stream_deadletters_total", stage="worker") == 1
+        assert_loopback_only(port)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    assert json_log_lines(log), "--log-json gave no JSON log lines"
