@@ -9,6 +9,7 @@ write the HTML report and compare what was decided with what was injected.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -88,6 +89,33 @@ class _IsolationWatcher(threading.Thread):
         self.join(timeout=10)
 
 
+class _Replayer(threading.Thread):
+    """Replays the trace in the background; an error there is raised in the caller."""
+
+    def __init__(self, trace: Path, config: Any) -> None:
+        super().__init__(daemon=True, name="replay")
+        self.trace, self.config = trace, config
+        self.stats: Any = None
+        self.error: BaseException | None = None
+        self._t0 = time.monotonic()
+
+    def run(self) -> None:
+        from producers.replay import replay
+
+        self._t0 = time.monotonic()
+        try:
+            self.stats = replay([self.trace], self.config)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            self.error = err
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"replaying {self.trace} failed: {self.error}") from self.error
+
+
 def _matches(cmd: IsolationCommand, fault: dict[str, Any]) -> bool:
     if cmd.fault != fault["expected_fault"] or cmd.ts_us < fault["start_us"] - 1_000_000:
         return False
@@ -160,7 +188,7 @@ def _all_found(cmds: list[IsolationCommand], truth: dict[str, Any]) -> bool:
 def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     """Run the whole demo; every child process is stopped before this returns."""
     from compose.local_broker import create_topics, ensure_broker
-    from producers.replay import ReplayConfig, replay
+    from producers.replay import ReplayConfig
     from producers.simulator import SCENARIOS, with_gpus, write_trace
     from producers.traces import iter_events
     from sinks.report import lateness_maps, write_report
@@ -186,65 +214,64 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
         + ")"
     )
 
-    # 2. Kafka, topics, the stand-in chat, and the services.
-    with console.status("starting Kafka …"):
-        broker = ensure_broker() if config.bootstrap is None else None
-        bootstrap = config.bootstrap or broker.__enter__()  # type: ignore[union-attr]
-    try:
+    # 2. Kafka, topics, the stand-in chat, and the services; all stopped on the way out.
+    with contextlib.ExitStack() as stack:
+        if config.bootstrap is None:
+            with console.status("starting Kafka …"):
+                bootstrap = stack.enter_context(ensure_broker())
+        else:
+            bootstrap = config.bootstrap
         topics = Topics()
         create_topics(bootstrap, topics.partitions(), 60.0)
         console.print(f"[bold]2[/] Kafka at {bootstrap}; topics {', '.join(topics.partitions())}")
         kafka = KafkaConfig(bootstrap=bootstrap)
-        services = ServiceGroup(out / "logs", env={"KAFKA_BOOTSTRAP": bootstrap})
-        with WebhookReceiver() as chat, services as svc:
-            _start_services(svc, bootstrap, out, chat.url)
-            console.print(
-                f"[bold]3[/] services up (logs in {out / 'logs'}): worker, archiver, "
-                f"actuator (dry run), alerter → {chat.url}"
-            )
-            watcher = _IsolationWatcher(kafka, topics.isolations)
-            watcher.start()
+        chat = stack.enter_context(WebhookReceiver())
+        svc = stack.enter_context(ServiceGroup(out / "logs", env={"KAFKA_BOOTSTRAP": bootstrap}))
+        _start_services(svc, bootstrap, out, chat.url)
+        console.print(
+            f"[bold]3[/] services up (logs in {out / 'logs'}): worker, archiver, "
+            f"actuator (dry run), alerter → {chat.url}"
+        )
+        watcher = _IsolationWatcher(kafka, topics.isolations)
+        watcher.start()
+        stack.callback(watcher.stop)
 
-            # 3. Replay the trace at `speed`, showing decisions as they arrive.
-            stats_box: dict[str, Any] = {}
-
-            def do_replay() -> None:
-                stats_box["stats"] = replay(
-                    [trace], ReplayConfig(kafka=kafka, speed=config.speed, progress=False)
+        # 3. Replay the trace at `speed`, showing decisions as they arrive.
+        replayer = _Replayer(trace, ReplayConfig(kafka=kafka, speed=config.speed, progress=False))
+        replayer.start()
+        settle_until: float | None = None
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                svc.check()
+                trace_s = min(replayer.elapsed() * config.speed, sim.duration_s)
+                status = Text(
+                    f"replaying at {config.speed:g}× · trace time {trace_s:5.1f}/"
+                    f"{sim.duration_s:.0f} s · decisions {len(watcher.commands)} · "
+                    f"chat posts {len(chat.received)}"
+                    + (" · waiting for the last decisions" if settle_until else "")
                 )
-
-            replayer = threading.Thread(target=do_replay, daemon=True, name="replay")
-            started = time.monotonic()
-            replayer.start()
-            settle_until: float | None = None
-            with Live(console=console, refresh_per_second=4, transient=False) as live:
-                while True:
-                    svc.check()
-                    elapsed = time.monotonic() - started
-                    trace_s = min(elapsed * config.speed, sim.duration_s)
-                    status = Text(
-                        f"replaying at {config.speed:g}× · trace time {trace_s:5.1f}/"
-                        f"{sim.duration_s:.0f} s · decisions {len(watcher.commands)} · "
-                        f"chat posts {len(chat.received)}"
-                        + (" · waiting for the last decisions" if settle_until else "")
-                    )
-                    live.update(Group(status, _commands_view(watcher.commands, t0_us)))
-                    if not replayer.is_alive():
-                        # Give the worker a moment after the replay; stop early once
-                        # every injected fault has its decision.
-                        settle_until = settle_until or time.monotonic() + config.settle_s
-                        if time.monotonic() > settle_until or _all_found(
-                            watcher.commands, result.truth
-                        ):
-                            break
-                    time.sleep(0.25)
-            watcher.stop()
-            result.commands = list(watcher.commands)
-            result.alerts = list(chat.received)
-    finally:
-        if broker is not None:
-            with console.status("stopping Kafka …"):
-                broker.__exit__(None, None, None)
+                live.update(Group(status, _commands_view(watcher.commands, t0_us)))
+                if not replayer.is_alive():
+                    replayer.raise_if_failed()
+                    # Give the worker a moment after the replay; stop early once
+                    # every injected fault has its decision.
+                    settle_until = settle_until or time.monotonic() + config.settle_s
+                    if time.monotonic() > settle_until or _all_found(
+                        watcher.commands, result.truth
+                    ):
+                        break
+                time.sleep(0.25)
+        console.line()
+        stats = replayer.stats
+        if stats is not None:
+            console.print(
+                f"replayed {stats.events:,} events in {stats.messages:,} messages "
+                f"({stats.bad} bad lines)"
+            )
+        watcher.stop()
+        result.commands = list(watcher.commands)
+        result.alerts = list(chat.received)
+        console.print("stopping services and Kafka …")
 
     # 4. The report.
     with console.status("writing the report …"):
