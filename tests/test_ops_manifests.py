@@ -67,8 +67,7 @@ def test_k8s_container_args_parse_and_ports_agree(name: str) -> None:
     ports = {p["containerPort"] for p in c.get("ports", [])}
     assert ports == {9464}
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9464"
-    if "metrics_port" in ctx.params:  # the worker takes [metrics] from the ConfigMap
-        assert ctx.params["metrics_port"] == 9464 and ctx.params["metrics_host"] == "0.0.0.0"
+    assert ctx.params["metrics_port"] == 9464 and ctx.params["metrics_host"] == "0.0.0.0"
 
 
 def test_compose_commands_parse_and_config_checks() -> None:
