@@ -156,16 +156,20 @@ def parse_inspector_line(line: bytes | str, *, job: str) -> OpEvent:
         raise InspectorError("empty header.id or metadata.hostname")
     if h.rank >= h.n_ranks:
         raise InspectorError(f"header.rank {h.rank} outside 0..n_ranks-1 (n_ranks={h.n_ranks})")
+    # The identity of the rank, the same for collective and p2p records.
+    ident = dict(
+        v=1,
+        job=job,
+        comm=h.id,
+        nranks=h.n_ranks,
+        rank=h.rank,
+        host=m.hostname,
+        ts_us=m.dump_timestamp_us,
+    )
     if rec.coll_perf is not None:
         c = rec.coll_perf
         return OpEvent(
-            v=1,
-            job=job,
-            comm=h.id,
-            nranks=h.n_ranks,
-            rank=h.rank,
-            host=m.hostname,
-            ts_us=m.dump_timestamp_us,
+            **ident,
             op=c.coll,
             seq=c.coll_sn,
             bytes=c.coll_msg_size_bytes,
@@ -187,13 +191,7 @@ def parse_inspector_line(line: bytes | str, *, job: str) -> OpEvent:
                 )
             ]
         return OpEvent(
-            v=1,
-            job=job,
-            comm=h.id,
-            nranks=h.n_ranks,
-            rank=h.rank,
-            host=m.hostname,
-            ts_us=m.dump_timestamp_us,
+            **ident,
             op=p.p2p,
             seq=p.p2p_sn,
             bytes=p.p2p_msg_size_bytes,
