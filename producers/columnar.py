@@ -1,0 +1,620 @@
+"""The collective-event contract as columns: Arrow IPC record batches on the wire.
+
+A Kafka message on ``c4.events`` holds either a JSON array of events
+(:mod:`producers.events`) or, marked by the header ``content-type:
+application/vnd.apache.arrow.stream``, an Arrow IPC *stream* whose record batches hold
+one row per event. The columns are the contract's fields (:data:`EVENT_SCHEMA`; the JSON
+Schema in ``contracts/`` stays the source of truth for names and meaning): ``kind``
+tells ``op`` rows from ``progress`` rows, fields the other kind lacks are null, absent
+optional fields are null, and ``conns`` is a ``list<struct<peer, dir, bytes, time_us,
+retrans>>`` column. Exporters send one batch per communicator per interval.
+
+:func:`decode_arrow` turns a message into :class:`EventColumns` — numpy columns of one
+communicator each — without one Python object per event, and checks every rule the
+JSON decoder checks (types, required fields per kind, ``v == 1``, non-empty names,
+non-negative counts and times, ``dir`` in send/recv), vectorized. A message that breaks
+one raises :class:`~producers.events.EventDecodeError` naming the field and row, so the
+worker dead-letters it with that reason. Nothing in a message can run code: the IPC
+reader builds plain arrays (pyarrow ≥ 14 never unpickles extension types), every
+column's type must be one of the plain types below, and each batch is fully validated
+(offsets, lengths) before a value is read. Size is bounded: :data:`MAX_MESSAGE_BYTES`,
+:data:`MAX_ROWS` and :data:`MAX_CONNS` per message.
+
+>>> from producers.events import OpEvent, Conn, ProgressEvent
+>>> op = OpEvent(v=1, job="j", comm="0xa", nranks=2, rank=0, host="h0", ts_us=1,
+...              op="AllReduce", seq=7, bytes=1024, exec_us=12.5,
+...              conns=[Conn(peer=1, dir="send", bytes=512, time_us=3.0)])
+>>> pr = ProgressEvent(v=1, job="j", comm="0xa", nranks=2, rank=1, host="h1", ts_us=2,
+...                    started=8, completed=7)
+>>> data = encode_arrow([op, pr])
+>>> (cols,) = decode_arrow(data)
+>>> cols.comm, cols.n, cols.is_op.tolist(), cols.int("seq").tolist()
+('0xa', 2, [True, False], [7, -1])
+>>> cols.to_events() == [op, pr]
+True
+>>> decode_events(data, ARROW_CONTENT_TYPE) == decode_events(encode_message([op, pr]), None)
+True
+>>> decode_arrow(b"{not arrow")
+Traceback (most recent call last):
+...
+producers.events.EventDecodeError: not an Arrow IPC stream: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from producers.events import (
+    Conn,
+    Event,
+    EventDecodeError,
+    OpEvent,
+    ProgressEvent,
+    decode_message,
+    encode_message,
+)
+
+__all__ = [
+    "ARROW_CONTENT_TYPE",
+    "CONN_TYPE",
+    "CONTENT_TYPE_HEADER",
+    "EVENT_SCHEMA",
+    "JSON_CONTENT_TYPE",
+    "MAX_CONNS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_ROWS",
+    "EventColumns",
+    "WireFormat",
+    "content_type_of",
+    "decode_arrow",
+    "decode_events",
+    "encode_arrow",
+    "encode_batch",
+    "events_table",
+    "is_arrow",
+]
+
+CONTENT_TYPE_HEADER = "content-type"
+ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
+JSON_CONTENT_TYPE = "application/json"
+WireFormat = str
+"""``"json"`` or ``"arrow"``: what ``--format`` of the exporter and replay takes."""
+
+MAX_MESSAGE_BYTES = 32 << 20
+"""Larger messages are refused unread (Kafka's own default limit is 1 MB)."""
+MAX_ROWS = 1_000_000
+MAX_CONNS = 16_000_000
+
+#: One connection of a rank with a peer (``producers.events.Conn``).
+CONN_TYPE = pa.struct(
+    [
+        pa.field("peer", pa.int32(), nullable=False),
+        pa.field("dir", pa.string(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("time_us", pa.float64()),
+        pa.field("retrans", pa.int64()),
+    ]
+)
+
+#: The contract's fields as columns, in the JSON Schema's order (identity, op, progress).
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("v", pa.int8(), nullable=False),
+        pa.field("job", pa.string(), nullable=False),
+        pa.field("comm", pa.string(), nullable=False),
+        pa.field("comm_name", pa.string()),
+        pa.field("nranks", pa.int32(), nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("gpu", pa.int32()),
+        pa.field("nic", pa.string()),
+        pa.field("ts_us", pa.int64(), nullable=False),
+        # op events
+        pa.field("op", pa.string()),
+        pa.field("seq", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("exec_us", pa.float64()),
+        pa.field("algbw_gbs", pa.float64()),
+        pa.field("busbw_gbs", pa.float64()),
+        pa.field("algo", pa.string()),
+        pa.field("proto", pa.string()),
+        # progress events
+        pa.field("started", pa.int64()),
+        pa.field("completed", pa.int64()),
+        pa.field("inflight_op", pa.string()),
+        pa.field("inflight_us", pa.float64()),
+        # both
+        pa.field("conns", pa.list_(CONN_TYPE)),
+    ]
+)
+
+_IDENTITY_REQUIRED = ("kind", "v", "job", "comm", "nranks", "rank", "host", "ts_us")
+_OP_REQUIRED = ("op", "seq", "bytes", "exec_us")
+_PROGRESS_REQUIRED = ("started", "completed")
+_NON_EMPTY = ("job", "comm", "host")
+_MIN: dict[str, int] = {
+    "nranks": 1,
+    "rank": 0,
+    "gpu": 0,
+    "seq": 0,
+    "bytes": 0,
+    "started": 0,
+    "completed": 0,
+    "exec_us": 0,
+    "inflight_us": 0,
+}
+_CONN_REQUIRED = ("peer", "dir", "bytes")
+_CONN_MIN = {"peer": 0, "bytes": 0, "time_us": 0, "retrans": 0}
+_OP_ONLY = ("op", "seq", "bytes", "exec_us", "algbw_gbs", "busbw_gbs", "algo", "proto")
+_PROGRESS_ONLY = ("started", "completed", "inflight_op", "inflight_us")
+_IDENTITY = ("v", "job", "comm", "nranks", "rank", "host", "ts_us", "comm_name", "gpu", "nic")
+
+
+# ---------------------------------------------------------------------------- encode
+def _attr(objs: Sequence[Any], name: str, type_: pa.DataType) -> pa.Array:
+    # map(attrgetter) runs in C: about five times faster than a comprehension of getattr
+    return pa.array(list(map(attrgetter(name), objs)), type=type_)
+
+
+def _scattered(n: int, idx: np.ndarray, objs: Sequence[Any], name: str, t: pa.DataType) -> pa.Array:
+    """A column only one kind has: its rows get the values, the other kind's rows null."""
+    if len(objs) == n:
+        return _attr(objs, name, t)
+    values = np.full(n, None, dtype=object)
+    if objs:
+        values[idx] = list(map(attrgetter(name), objs))
+    return pa.array(values, type=t)
+
+
+def _conns(events: Sequence[Event]) -> pa.Array:
+    """``list<struct>`` from flat child columns and list offsets (no dict per row)."""
+    per_event: list[list[Conn] | None] = list(map(attrgetter("conns"), events))
+    lengths = np.fromiter((len(c) if c else 0 for c in per_event), np.int32, len(per_event))
+    offsets = np.zeros(len(per_event) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = [c for cs in per_event if cs for c in cs]
+    children = [_attr(flat, f.name, f.type) for f in CONN_TYPE]
+    values = pa.StructArray.from_arrays(children, fields=list(CONN_TYPE))
+    mask = pa.array([c is None for c in per_event], pa.bool_())
+    return pa.ListArray.from_arrays(
+        pa.array(offsets), values, type=pa.list_(CONN_TYPE), mask=mask if mask.true_count else None
+    )
+
+
+def events_table(events: Sequence[Event]) -> pa.Table:
+    """Contract events as a table of :data:`EVENT_SCHEMA` (row order kept)."""
+    n = len(events)
+    is_op = np.fromiter((e.__class__ is OpEvent for e in events), bool, n)
+    op_idx, pr_idx = np.flatnonzero(is_op), np.flatnonzero(~is_op)
+    ops = [events[i] for i in op_idx] if pr_idx.size else events
+    prog = [events[i] for i in pr_idx] if op_idx.size else events
+    arrays: list[pa.Array] = []
+    for f in EVENT_SCHEMA:
+        if f.name == "kind":
+            arrays.append(pa.array(np.where(is_op, "op", "progress").astype(object), pa.string()))
+        elif f.name == "conns":
+            arrays.append(_conns(events))
+        elif f.name in _OP_ONLY:
+            arrays.append(_scattered(n, op_idx, ops if op_idx.size else [], f.name, f.type))
+        elif f.name in _PROGRESS_ONLY:
+            arrays.append(_scattered(n, pr_idx, prog if pr_idx.size else [], f.name, f.type))
+        else:
+            arrays.append(_attr(events, f.name, f.type))
+    return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA)
+
+
+def _ipc(batches: Iterable[pa.RecordBatch]) -> bytes:
+    sink = pa.BufferOutputStream()
+    # Uncompressed: Kafka compresses whole message sets (zstd) already.
+    with pa.ipc.new_stream(sink, EVENT_SCHEMA) as writer:
+        for b in batches:
+            writer.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def encode_arrow(events: Sequence[Event] | pa.Table) -> bytes:
+    """One Arrow IPC stream holding ``events`` (a list, or a table of the schema) as one batch."""
+    table = events if isinstance(events, pa.Table) else events_table(events)
+    return _ipc(table.combine_chunks().to_batches())
+
+
+def encode_batch(events: Sequence[Event], fmt: WireFormat) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A message value and its headers in the wire format ``fmt`` (``json``/``arrow``)."""
+    if fmt == "arrow":
+        return encode_arrow(events), [(CONTENT_TYPE_HEADER, ARROW_CONTENT_TYPE.encode())]
+    if fmt == "json":
+        return encode_message(list(events)), []
+    raise ValueError(f"unknown wire format {fmt!r}: use 'json' or 'arrow'")
+
+
+# ---------------------------------------------------------------------------- decode
+@dataclass(slots=True)
+class EventColumns:
+    """The events of one communicator from one message, as validated columns.
+
+    ``table`` has the canonical types of :data:`EVENT_SCHEMA` (absent optional columns
+    are all-null), rows in message order. Numeric columns come out as numpy arrays with
+    a fill value for nulls (:meth:`int`, :meth:`float`), built once and cached.
+    """
+
+    comm: str
+    table: pa.Table
+    _np: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def job(self) -> str:
+        return str(self.table.column("job")[0].as_py())
+
+    @property
+    def is_op(self) -> np.ndarray:
+        got = self._np.get("__is_op")
+        if got is None:
+            got = self._np["__is_op"] = _np_bool(pc.equal(self.table.column("kind"), "op"))
+        return got
+
+    def int(self, name: str, fill: int = -1) -> np.ndarray:
+        """An integer column as ``int64``, nulls as ``fill``."""
+        key = f"{name}:{fill}"
+        got = self._np.get(key)
+        if got is None:
+            col = self.table.column(name)
+            if col.null_count:
+                col = pc.fill_null(col, fill)
+            got = self._np[key] = col.to_numpy().astype(np.int64, copy=False)
+        return got
+
+    def float(self, name: str, fill: float = 0.0) -> np.ndarray:
+        """A float column as ``float64``, nulls as ``fill``."""
+        key = f"{name}:{fill}"
+        got = self._np.get(key)
+        if got is None:
+            col = self.table.column(name)
+            if col.null_count:
+                col = pc.fill_null(col, fill)
+            got = self._np[key] = col.to_numpy().astype(np.float64, copy=False)
+        return got
+
+    @property
+    def ts_us(self) -> np.ndarray:
+        return self.int("ts_us")
+
+    def to_events(self) -> list[Event]:
+        """The rows as contract event objects, equal to what the JSON decoder gives."""
+        return _to_events(self.table)
+
+
+def _np_bool(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        return _is_string(t.value_type)
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _family_ok(want: pa.DataType, got: pa.DataType) -> bool:
+    """Whether a column of type ``got`` may hold the contract field of type ``want``.
+
+    As the JSON decoder: any integer width for an integer, an integer or a float for a
+    number, any string encoding for a string, null type for an all-absent optional field.
+    """
+    if pa.types.is_null(got):
+        return True
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(got)
+    if pa.types.is_floating(want):
+        return pa.types.is_integer(got) or pa.types.is_floating(got)
+    if pa.types.is_string(want):
+        return _is_string(got)
+    return False
+
+
+def _canonical_conns(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    t = col.type
+    if pa.types.is_null(t):
+        return pa.chunked_array([pa.nulls(len(col), pa.list_(CONN_TYPE))])
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_struct(
+        t.value_type
+    ):
+        raise EventDecodeError(f"column `conns` must be a list of structs, got {t}")
+    st = t.value_type
+    names = [st.field(i).name for i in range(st.num_fields)]
+    out_chunks = []
+    for chunk in col.chunks:
+        offsets = chunk.offsets
+        if pa.types.is_large_list(t):
+            offsets = offsets.cast(pa.int32())
+        # the values the offsets point at (all of them: also those behind a null slot),
+        # with the offsets rebased on them when the list array is a slice
+        base = offsets[0].as_py() if len(offsets) else 0
+        values = chunk.values.slice(base, (offsets[-1].as_py() - base) if len(offsets) else 0)
+        if base:
+            offsets = pc.subtract(offsets, base)
+        if values.null_count:
+            i = _first_bad(_np_bool(values.is_null()))
+            raise EventDecodeError(f"connection {i} is null, not an object")
+        flat = values.flatten()  # children with the slice offset applied
+        children = []
+        for f in CONN_TYPE:
+            if f.name in names:
+                child = flat[names.index(f.name)]
+                if not _family_ok(f.type, child.type):
+                    raise EventDecodeError(
+                        f"column `conns.{f.name}` must be {_kind_word(f.type)}, got {child.type}"
+                    )
+                children.append(_cast(child, f.type, f"conns.{f.name}"))
+            elif f.name in _CONN_REQUIRED:
+                raise EventDecodeError(f"column `conns` lacks the required field `{f.name}`")
+            else:
+                children.append(pa.nulls(len(values), f.type))
+        structs = pa.StructArray.from_arrays(children, fields=list(CONN_TYPE))
+        out_chunks.append(
+            pa.ListArray.from_arrays(
+                offsets,
+                structs,
+                type=pa.list_(CONN_TYPE),
+                mask=chunk.is_null() if chunk.null_count else None,
+            )
+        )
+    return pa.chunked_array(out_chunks, type=pa.list_(CONN_TYPE))
+
+
+def _kind_word(t: pa.DataType) -> str:
+    if pa.types.is_integer(t):
+        return "an integer"
+    if pa.types.is_floating(t):
+        return "a number"
+    return "a string"
+
+
+def _cast(arr: Any, t: pa.DataType, name: str) -> Any:
+    if arr.type == t:
+        return arr
+    try:
+        return pc.cast(arr, t, safe=True)  # safe: an int64 beyond int32 is an error
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise EventDecodeError(f"column `{name}` does not fit {t}: {err}") from None
+
+
+def _first_bad(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _validate(table: pa.Table) -> pa.Table:
+    """Canonical types of :data:`EVENT_SCHEMA` and every rule of the contract, or raise."""
+    names = table.column_names
+    if len(set(names)) != len(names):
+        raise EventDecodeError("duplicate column names")
+    n = table.num_rows
+    cols: dict[str, pa.ChunkedArray] = {}
+    for f in EVENT_SCHEMA:
+        if f.name not in names:  # unknown columns are ignored, as unknown JSON fields are
+            if f.name in _IDENTITY_REQUIRED:
+                raise EventDecodeError(f"missing required column `{f.name}`")
+            cols[f.name] = pa.chunked_array([pa.nulls(n, f.type)])
+            continue
+        col = table.column(f.name)
+        if f.name == "conns":
+            cols[f.name] = _canonical_conns(col)
+            continue
+        if not _family_ok(f.type, col.type):
+            raise EventDecodeError(
+                f"column `{f.name}` must be {_kind_word(f.type)}, got {col.type}"
+            )
+        cols[f.name] = _cast(col, f.type, f.name)
+
+    def nulls(name: str) -> np.ndarray:
+        return _np_bool(cols[name].is_null())
+
+    def where(name: str, rows: np.ndarray, what: str) -> str:
+        return f"{what} - at row {_first_bad(rows)}, column `{name}`"
+
+    for name in _IDENTITY_REQUIRED:
+        if cols[name].null_count:
+            raise EventDecodeError(where(name, nulls(name), "missing required field"))
+    kind = cols["kind"]
+    is_op = _np_bool(pc.equal(kind, "op"))
+    is_pr = _np_bool(pc.equal(kind, "progress"))
+    bad = ~(is_op | is_pr)
+    if bad.any():
+        got = kind[_first_bad(bad)].as_py()
+        raise EventDecodeError(where("kind", bad, f"Invalid value {got!r} (op or progress)"))
+    for name in _OP_REQUIRED:
+        miss = is_op & nulls(name)
+        if miss.any():
+            raise EventDecodeError(where(name, miss, "op event missing required field"))
+    for name in _PROGRESS_REQUIRED:
+        miss = is_pr & nulls(name)
+        if miss.any():
+            raise EventDecodeError(where(name, miss, "progress event missing required field"))
+    v = cols["v"].to_numpy()
+    if (v != 1).any():
+        raise EventDecodeError(where("v", v != 1, f"Expected `1`, got {int(v[v != 1][0])}"))
+    for name in _NON_EMPTY:
+        empty = _np_bool(pc.equal(pc.binary_length(cols[name]), 0))
+        if empty.any():
+            raise EventDecodeError(where(name, empty, "Expected `str` of length >= 1"))
+    for name, lo in _MIN.items():
+        col = cols[name]
+        if col.null_count == n:
+            continue
+        # rows of the other kind are not judged (their value is ignored, as JSON ignores
+        # a field its kind does not have)
+        rows = is_op if name in _OP_ONLY else is_pr if name in _PROGRESS_ONLY else None
+        ok = _np_bool(pc.fill_null(pc.greater_equal(col, lo), True))
+        if pa.types.is_floating(col.type):  # NaN is not >= 0 for JSON's decoder either
+            ok &= ~_np_bool(pc.fill_null(pc.is_nan(col), False))
+        badm = ~ok if rows is None else ~ok & rows
+        if badm.any():
+            got = col[_first_bad(badm)].as_py()
+            raise EventDecodeError(where(name, badm, f"Expected a value >= {lo}, got {got}"))
+    conns = cols["conns"]
+    if conns.null_count < n:
+        flat = pc.list_flatten(conns)
+        if len(flat) > MAX_CONNS:
+            raise EventDecodeError(f"{len(flat)} connections in one message (limit {MAX_CONNS})")
+        if len(flat):
+            cn = (
+                {f.name: flat.field(f.name) for f in CONN_TYPE}
+                if isinstance(flat, pa.StructArray)
+                else {f.name: pc.struct_field(flat, f.name) for f in CONN_TYPE}
+            )
+            for name in _CONN_REQUIRED:
+                if cn[name].null_count:
+                    i = _first_bad(_np_bool(cn[name].is_null()))
+                    raise EventDecodeError(f"connection {i} missing required field `{name}`")
+            d = cn["dir"]
+            okd = _np_bool(pc.or_(pc.equal(d, "send"), pc.equal(d, "recv")))
+            if not okd.all():
+                i = _first_bad(~okd)
+                raise EventDecodeError(
+                    f"Invalid enum value {d[i].as_py()!r} - at connection {i}, field `dir`"
+                )
+            for name, lo in _CONN_MIN.items():
+                c = cn[name]
+                ok = _np_bool(pc.fill_null(pc.greater_equal(c, lo), True))
+                if pa.types.is_floating(c.type):
+                    ok &= ~_np_bool(pc.fill_null(pc.is_nan(c), False))
+                if not ok.all():
+                    i = _first_bad(~ok)
+                    raise EventDecodeError(
+                        f"Expected a value >= {lo}, got {c[i].as_py()} - at connection {i}, "
+                        f"field `{name}`"
+                    )
+    return pa.Table.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
+
+
+def _read_stream(data: bytes) -> pa.Table:
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise EventDecodeError(f"message of {len(data)} bytes (limit {MAX_MESSAGE_BYTES})")
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        batches = []
+        rows = 0
+        for batch in reader:
+            # The IPC reader trusts offsets and lengths; a full validation first means a
+            # crafted batch is an error here, never an out-of-bounds read later.
+            batch.validate(full=True)
+            rows += batch.num_rows
+            if rows > MAX_ROWS:
+                raise EventDecodeError(f"more than {MAX_ROWS} rows in one message")
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+    except EventDecodeError:
+        raise
+    except (pa.ArrowException, ValueError, OSError) as err:
+        raise EventDecodeError(f"not an Arrow IPC stream: {err}") from None
+
+
+def decode_arrow(data: bytes) -> list[EventColumns]:
+    """The events of one Arrow IPC message, one :class:`EventColumns` per communicator
+    (in order of first appearance; rows in message order). Raises
+    :class:`~producers.events.EventDecodeError` for anything the contract refuses,
+    including an empty message."""
+    table = _validate(_read_stream(data))
+    if table.num_rows == 0:
+        raise EventDecodeError("empty message: no events")
+    comm = table.column("comm")
+    first = comm[0].as_py()
+    if pc.all(pc.equal(comm, first)).as_py():  # the usual case: one communicator
+        return [EventColumns(first, table)]
+    enc = pc.dictionary_encode(comm).combine_chunks()
+    codes = enc.indices.to_numpy()
+    order = np.argsort(codes, kind="stable")
+    bounds = np.flatnonzero(np.diff(codes[order])) + 1
+    parts = sorted(np.split(order, bounds), key=lambda part: int(part[0]))
+    return [EventColumns(enc.dictionary[codes[p[0]]].as_py(), table.take(p)) for p in parts]
+
+
+def _to_events(table: pa.Table) -> list[Event]:
+    """Rows → event objects; one ``to_pylist`` per column, then one constructor per row."""
+    n = table.num_rows
+    col = {name: table.column(name).to_pylist() for name in table.column_names}
+    conns_raw = col["conns"]
+    conns: list[list[Conn] | None] = [
+        None if cs is None else [Conn(**c) for c in cs] for cs in conns_raw
+    ]
+    ident = [col[k] for k in _IDENTITY]
+    kinds = col["kind"]
+    out: list[Event] = []
+    op_cols = [col[k] for k in _OP_ONLY]
+    pr_cols = [col[k] for k in _PROGRESS_ONLY]
+    for i in range(n):
+        v, job, comm, nranks, rank, host, ts, cname, gpu, nic = (c[i] for c in ident)
+        if kinds[i] == "op":
+            op, seq, nb, ex, alg, bus, algo, proto = (c[i] for c in op_cols)
+            out.append(
+                OpEvent(
+                    v=v, job=job, comm=comm, nranks=nranks, rank=rank, host=host, ts_us=ts,
+                    comm_name=cname, gpu=gpu, nic=nic, op=op, seq=seq, bytes=nb,
+                    exec_us=float(ex), algbw_gbs=alg, busbw_gbs=bus, algo=algo, proto=proto,
+                    conns=conns[i],
+                )
+            )  # fmt: skip
+        else:
+            st, cp, iop, ius = (c[i] for c in pr_cols)
+            out.append(
+                ProgressEvent(
+                    v=v, job=job, comm=comm, nranks=nranks, rank=rank, host=host, ts_us=ts,
+                    comm_name=cname, gpu=gpu, nic=nic, started=st, completed=cp,
+                    inflight_op=iop, inflight_us=None if ius is None else float(ius),
+                    conns=conns[i],
+                )
+            )  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------- dispatch
+def is_arrow(content_type: bytes | str | None, data: bytes) -> bool:
+    """Whether a message is Arrow: its ``content-type`` header says so; without the
+    header, an IPC stream's first bytes (the continuation marker ``ff ff ff ff``, which
+    no JSON text starts with) say so, so a message whose headers were dropped on the
+    way (an old mirror) still reads. Any other content type is refused."""
+    if content_type is None:
+        return data[:4] == b"\xff\xff\xff\xff"
+    ct = content_type.decode("latin-1") if isinstance(content_type, bytes) else content_type
+    ct = ct.split(";", 1)[0].strip().lower()
+    if ct == ARROW_CONTENT_TYPE:
+        return True
+    if ct in (JSON_CONTENT_TYPE, ""):
+        return False
+    raise EventDecodeError(
+        f"unsupported content-type {ct!r}: use {ARROW_CONTENT_TYPE} or {JSON_CONTENT_TYPE}"
+    )
+
+
+def content_type_of(headers: Any) -> bytes | None:
+    """The ``content-type`` header's value from Kafka headers (pairs or a mapping)."""
+    if not headers:
+        return None
+    if isinstance(headers, dict):
+        return headers.get(CONTENT_TYPE_HEADER)
+    for k, val in headers:
+        if k == CONTENT_TYPE_HEADER:
+            return val
+    return None
+
+
+def decode_events(data: bytes, content_type: bytes | str | None) -> list[Event]:
+    """One message in either form → event objects (the core's current input form)."""
+    if is_arrow(content_type, data):
+        table = _validate(_read_stream(data))
+        if table.num_rows == 0:
+            raise EventDecodeError("empty message: no events")
+        return _to_events(table)  # message order, as the JSON decoder gives
+    return decode_message(data)
