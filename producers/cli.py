@@ -51,6 +51,13 @@ def simulate(
 
 
 _BOOTSTRAP_HELP = "Kafka host:port (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)"
+_FORMAT_HELP = "wire form of event batches: json arrays or arrow IPC record batches"
+
+
+def _check_format(fmt: str) -> str:
+    if fmt not in ("json", "arrow"):
+        raise typer.BadParameter(f"{fmt!r}: use json or arrow", param_hint="--format")
+    return fmt
 
 
 def exporter(
@@ -83,6 +90,9 @@ def exporter(
         str | None, typer.Option("--job", help="job id (default: from the dir name)")
     ] = None,
     pattern: Annotated[str, typer.Option("--pattern", help="file names to follow")] = "*.log",
+    wire_format: Annotated[
+        str, typer.Option("--format", help=_FORMAT_HELP, callback=_check_format)
+    ] = "json",
     metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
     metrics_host: Annotated[
         str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
@@ -121,13 +131,17 @@ _EXPORTER_FLAGS = {
     "deadletter_topic": "deadletter_topic",
     "job": "job",
     "pattern": "pattern",
+    "wire_format": "format",
 }
 
 
 def replay(
     traces: Annotated[
         list[Path],
-        typer.Argument(help="contract traces (.jsonl[.gz]), Inspector dirs, Flight Recorder dumps"),
+        typer.Argument(
+            help="contract traces (.jsonl[.gz]), Inspector dirs, Flight Recorder dumps, "
+            "the Parquet archive of c4.events"
+        ),
     ],
     bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=_BOOTSTRAP_HELP)] = None,
     speed: Annotated[
@@ -147,6 +161,9 @@ def replay(
         Path | None,
         typer.Option("--config", help="c4stream.toml: [kafka] (bootstrap, topic_prefix)"),
     ] = None,
+    wire_format: Annotated[
+        str, typer.Option("--format", help=_FORMAT_HELP, callback=_check_format)
+    ] = "json",
 ) -> None:
     """Publish a recorded trace to Kafka at its recorded pace scaled by --speed."""
     console = Console(stderr=True)
@@ -166,6 +183,7 @@ def replay(
         speed=pace,
         job=job,
         progress=progress,
+        format=wire_format,
     )
     try:
         stats = run_replay(traces, cfg)

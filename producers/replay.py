@@ -5,8 +5,11 @@ paths are merged by event time.
 
 * Contract JSON-lines traces: each good line is sent **byte for byte** as one message,
   keyed by the communicator of its first event — what was recorded is what arrives.
-* Converted input (Inspector, Flight Recorder): events are grouped per communicator
-  per ``window_s`` of trace time, one message each (as an exporter would send them).
+  With ``format="arrow"`` each line is sent as Arrow IPC record batches instead (one
+  message per communicator of the line), marked by the ``content-type`` header.
+* Converted input (Inspector, Flight Recorder, the Parquet archive): events are grouped
+  per communicator per ``window_s`` of trace time, one message each (as an exporter
+  would send them), in ``format`` (a JSON array, or an Arrow IPC batch).
 * Bad input (a line that does not decode, a dump that cannot be read) goes to the
   dead-letter topic with ``file:line`` and the reason, and is counted.
 
@@ -30,7 +33,8 @@ from confluent_kafka import KafkaError, Message
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
 from c4base.topics import Topics
-from producers.events import Event, encode_message
+from producers.columnar import WireFormat, encode_batch
+from producers.events import Event
 from producers.exporter.publisher import Publisher, PublisherConfig
 from producers.sources import BadLine, SourceBatch, open_sources
 
@@ -76,6 +80,8 @@ class ReplayConfig:
     """A converted group is sent early at this size (keeps messages well under 1 MB)."""
     progress: bool = True
     flush_timeout_s: float = 60.0
+    format: WireFormat = "json"
+    """Wire form of the messages: ``json`` arrays or ``arrow`` IPC record batches."""
 
     def __post_init__(self) -> None:
         # Frozen: resolve the defaults once, so every reader sees the prefixed names.
@@ -166,9 +172,17 @@ def replay(
         )
         pub.produce(config.deadletter_topic, dl.encode(), bad.path.encode(), on_dl_delivery)
 
-    def send(value: bytes, comm: str, n_events: int, ts_us: int) -> None:
+    def send(
+        value: bytes,
+        comm: str,
+        n_events: int,
+        ts_us: int,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         pacer.wait_for(ts_us)
-        pub.produce(config.events_topic, value, comm.encode(), on_event_delivery)
+        pub.produce(
+            config.events_topic, value, comm.encode(), on_event_delivery, headers=headers or None
+        )
         stats.messages += 1
         stats.events += n_events
         bar.update(n_events)
@@ -177,9 +191,16 @@ def replay(
     window: int | None = None
     groups: dict[str, list[Event]] = {}
 
+    fmt = config.format
+    encode_batch([], fmt)  # an unknown format fails here, before anything is sent
+
+    def send_events(events: list[Event], comm: str) -> None:
+        value, headers = encode_batch(events, fmt)
+        send(value, comm, len(events), min(e.ts_us for e in events), headers)
+
     def flush_groups() -> None:
         for comm, events in groups.items():
-            send(encode_message(events), comm, len(events), min(e.ts_us for e in events))
+            send_events(events, comm)
         groups.clear()
 
     start = clock()
@@ -190,8 +211,15 @@ def replay(
                 on_bad(bad_seen.pop(0))
             if not batch.events:
                 continue
-            if batch.raw is not None:  # a contract line: send it as it was recorded
+            if batch.raw is not None and fmt == "json":  # a contract line, as it was recorded
                 send(batch.raw, batch.events[0].comm, len(batch.events), batch.ts_us)
+                continue
+            if batch.raw is not None:  # a contract line as Arrow: one batch per communicator
+                by_comm: dict[str, list[Event]] = {}
+                for ev in batch.events:
+                    by_comm.setdefault(ev.comm, []).append(ev)
+                for comm, events in by_comm.items():
+                    send_events(events, comm)
                 continue
             for ev in batch.events:
                 w = ev.ts_us // window_us
@@ -202,7 +230,7 @@ def replay(
                 group = groups.setdefault(ev.comm, [])
                 group.append(ev)
                 if len(group) >= config.max_batch_events:
-                    send(encode_message(group), ev.comm, len(group), group[0].ts_us)
+                    send_events(group, ev.comm)
                     del groups[ev.comm]
         flush_groups()
         for bad in bad_seen:

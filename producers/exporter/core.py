@@ -7,7 +7,8 @@
 2. parse each Inspector line into an ``op`` event and add it to its communicator's
    batch; a bad line becomes a dead letter (``source`` = ``file:line``) right away;
 3. once per ``interval_s``, publish one message per communicator (a JSON array of its
-   events, key = communicator id; split at ``max_batch_events``), then wait for Kafka
+   events, or with ``format = "arrow"`` one Arrow IPC record batch; key = communicator
+   id; split at ``max_batch_events``), then wait for Kafka
    to acknowledge what was sent (``flush``);
 4. advance each file's saved position to the start of the oldest line that is not yet
    acknowledged (or to the end of what was read), and save the positions atomically.
@@ -35,7 +36,8 @@ from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
 from c4base.metrics import Metrics
 from c4base.topics import Topics
-from producers.events import encode_message
+from producers.columnar import WireFormat, encode_batch
+from producers.events import Event, encode_message
 from producers.exporter.positions import FilePosition, PositionStore
 from producers.exporter.publisher import Publisher, PublisherConfig, PublisherStopped
 from producers.exporter.tail import DirectoryTailer, Line, ReadPosition
@@ -52,6 +54,8 @@ _encode_event = encode_message  # one event in, its JSON object out
 log = logging.getLogger(__name__)
 
 STAGE = "exporter"
+_ARROW_ROW_BYTES = 256
+_ARROW_CONN_BYTES = 40
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,8 +80,12 @@ class ExporterConfig:
     rotate_grace_s: float = 5.0
     flush_timeout_s: float = 10.0
     queue_max_messages: int = 10_000
+    format: WireFormat = "json"
+    """Wire form of a batch: a JSON array, or ``arrow`` (an Arrow IPC record batch marked
+    by the ``content-type`` header; see :mod:`producers.columnar`)."""
 
     def __post_init__(self) -> None:
+        encode_batch([], self.format)  # an unknown format is a config error, said at once
         # Frozen: resolve the defaults once, so every reader sees the prefixed names.
         topics = Topics(prefix=self.kafka.topic_prefix)
         object.__setattr__(self, "events_topic", self.events_topic or topics.events)
@@ -103,7 +111,10 @@ class _Unit:
     key: bytes | None
     value: bytes = b""
     parts: list[bytes] = field(default_factory=list)
-    """Encoded events of a batch; bytes, not event objects, so the GC has less to walk."""
+    """Encoded events of a JSON batch; bytes, not event objects, so the GC has less to walk."""
+    events: list[Event] = field(default_factory=list)
+    """Events of an Arrow batch (encoded as columns when sent)."""
+    headers: list[tuple[str, bytes]] | None = None
     nbytes: int = 0
     first: dict[str, ReadPosition] = field(default_factory=dict)
     ts_us: int = 0
@@ -153,6 +164,7 @@ class Exporter:
         self._retry: list[_Unit] = []
         self._last_publish = clock()
         self._stopping = False
+        self._arrow = config.format == "arrow"
         self.stats = ExporterStats()
 
     # ------------------------------------------------------------------ steps
@@ -207,21 +219,30 @@ class Exporter:
         unit = self._batches.get(ev.comm)
         if unit is None:
             unit = self._batches[ev.comm] = _Unit(self.config.events_topic, ev.comm.encode())
-        part = _encode_event(ev)
-        unit.parts.append(part)
-        unit.nbytes += len(part) + 1
+        if self._arrow:
+            unit.events.append(ev)
+            # an upper bound of the row's size in the IPC batch (strings, numbers, conns)
+            unit.nbytes += _ARROW_ROW_BYTES + _ARROW_CONN_BYTES * len(ev.conns or ())
+        else:
+            part = _encode_event(ev)
+            unit.parts.append(part)
+            unit.nbytes += len(part) + 1
         unit.cover(line)
         unit.ts_us = ev.ts_us
         self.stats.events += 1
         if (
-            len(unit.parts) >= self.config.max_batch_events
+            len(unit.parts) + len(unit.events) >= self.config.max_batch_events
             or unit.nbytes >= self.config.max_batch_bytes
         ):
             del self._batches[ev.comm]
             self._send_batch(unit)
 
     def _send_batch(self, unit: _Unit) -> None:
-        unit.value = b"[" + b",".join(unit.parts) + b"]"  # what encode_message(events) gives
+        if self._arrow:
+            unit.value, unit.headers = encode_batch(unit.events, "arrow")
+            unit.events = []
+        else:
+            unit.value = b"[" + b",".join(unit.parts) + b"]"  # what encode_message(events) gives
         unit.parts = []  # the message bytes are what is kept for a resend
         self._send(unit)
 
@@ -242,7 +263,12 @@ class Exporter:
 
         try:
             self._publisher.produce(
-                unit.topic, unit.value, unit.key, on_delivery, give_up=lambda: self._stopping
+                unit.topic,
+                unit.value,
+                unit.key,
+                on_delivery,
+                give_up=lambda: self._stopping,
+                headers=unit.headers,
             )
         except PublisherStopped:
             # Stopping with Kafka unreachable: the unit stays unconfirmed, so its lines

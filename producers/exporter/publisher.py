@@ -80,16 +80,19 @@ class Publisher:
         key: bytes | None,
         on_delivery: DeliveryCallback,
         give_up: Callable[[], bool] | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         """Queue one message; blocks (serving delivery reports) while the queue is full.
 
         ``give_up`` is asked while waiting: when it returns true, :class:`PublisherStopped`
         is raised instead of waiting on (so a stop request is not stuck behind a dead
-        broker).
+        broker). ``headers``: e.g. the ``content-type`` of an Arrow batch.
         """
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                self._producer.produce(
+                    topic, value=value, key=key, on_delivery=on_delivery, headers=headers
+                )
                 return
             except BufferError:
                 # Local queue full: let librdkafka send and report, then try again.
