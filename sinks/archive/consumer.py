@@ -35,6 +35,7 @@ from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
 from c4base.metrics import Metrics
 from c4base.topics import Topics
+from producers.columnar import content_type_of
 from sinks.archive import tables
 from sinks.archive.decode import DECODERS
 from sinks.archive.schemas import SCHEMAS
@@ -274,7 +275,7 @@ class Archiver:
                 self._dead_letter(m, "empty message (no value): nothing to archive")
                 continue
             try:
-                recs = decode(value)
+                recs = decode(value, content_type_of(m.headers()))
             except ValueError as err:  # the contracts' *DecodeError are ValueErrors
                 self._dead_letter(m, f"undecodable {name} message: {err}")
                 continue

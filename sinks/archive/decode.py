@@ -3,7 +3,7 @@
 Each raises a ``ValueError`` subclass naming the problem (``EventDecodeError``,
 ``VerdictDecodeError``, ``CommandDecodeError``); the archiver dead-letters the message.
 
->>> DECODERS["verdicts"](b'{"id": 1}')
+>>> DECODERS["verdicts"](b'{"id": 1}', None)
 Traceback (most recent call last):
 ...
 streams.verdicts.VerdictDecodeError: Expected `str`, got `int` - at `$.id`
@@ -14,14 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from producers.events import decode_message
+from producers.columnar import decode_events
 from streams.commands import decode_command
 from streams.verdicts import decode_verdict
 
 __all__ = ["DECODERS"]
 
-DECODERS: dict[str, Callable[[bytes], list[Any]]] = {
-    "events": decode_message,
-    "verdicts": lambda data: [decode_verdict(data)],
-    "isolations": lambda data: [decode_command(data)],
+#: dataset -> decoder of (message value, its ``content-type`` header); events come as a
+#: JSON array or an Arrow IPC batch (:mod:`producers.columnar`).
+DECODERS: dict[str, Callable[[bytes, bytes | None], list[Any]]] = {
+    "events": decode_events,
+    "verdicts": lambda data, _ct: [decode_verdict(data)],
+    "isolations": lambda data, _ct: [decode_command(data)],
 }

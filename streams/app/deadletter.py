@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from c4base.deadletter import DeadLetter
+from producers.columnar import CONTENT_TYPE_HEADER
 
 __all__ = ["CLOCK_HEADER", "DeadLetterPublisher", "Record", "dead_letter"]
 
@@ -30,6 +31,8 @@ class Record:
     clock_us: int | None = None
     """Header :data:`CLOCK_HEADER` of a verdict: the event-time clock of its events
     partition when the detector concluded it (orders verdicts like DetectionPipeline)."""
+    content_type: bytes | None = None
+    """Header ``content-type`` of an events message (Arrow IPC batches carry one)."""
 
     @property
     def source(self) -> str:
@@ -43,7 +46,8 @@ class Record:
         if not isinstance(value, bytes | bytearray):
             value = msg.value if isinstance(msg.value, bytes | bytearray) else b""
         key = event.key if isinstance(event.key, bytes | bytearray | None) else None
-        clock = _header(getattr(msg, "headers", None), CLOCK_HEADER)
+        headers = getattr(msg, "headers", None)
+        clock = _header(headers, CLOCK_HEADER)
         return cls(
             msg.topic,
             msg.partition,
@@ -51,6 +55,7 @@ class Record:
             key,
             bytes(value),
             int(clock) if clock is not None else None,
+            _header(headers, CONTENT_TYPE_HEADER),
         )
 
 

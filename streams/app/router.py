@@ -3,7 +3,8 @@
 The Faust agents (:mod:`streams.app.agents`) only move bytes between Kafka and these
 two classes, so everything here is tested without a broker.
 
-:class:`CommRouter` (agent 1, ``c4.events``): decodes each message, dead-letters what
+:class:`CommRouter` (agent 1, ``c4.events``): decodes each message (a JSON array, or an
+Arrow IPC batch marked by its ``content-type`` header), dead-letters what
 breaks the contract, groups events by communicator, feeds each communicator's detector
 one batch, and advances every communicator of a partition whenever that partition's
 event-time clock (max ``ts_us`` seen) moves on by ``advance_every_us``, so a collective
@@ -27,7 +28,8 @@ from typing import Any
 import msgspec
 
 from c4base.deadletter import DeadLetter
-from producers.events import Event, EventDecodeError, decode_message
+from producers.columnar import decode_events
+from producers.events import Event, EventDecodeError
 from streams.app.checkpoint import CheckpointSchedule
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import CorrelatorLike, DetectorLike, Engine
@@ -178,7 +180,7 @@ class CommRouter:
         pending = self.pending
         for rec in records:
             try:
-                events = decode_message(rec.value)
+                events = decode_events(rec.value, rec.content_type)  # JSON or Arrow
             except EventDecodeError as err:
                 out.deadletters.append(dead_letter(rec, f"undecodable message: {err}"))
                 continue
