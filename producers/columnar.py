@@ -79,6 +79,8 @@ __all__ = [
     "encode_batch",
     "events_table",
     "is_arrow",
+    "table_events",
+    "validate_table",
 ]
 
 CONTENT_TYPE_HEADER = "content-type"
@@ -395,8 +397,9 @@ def _first_bad(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _validate(table: pa.Table) -> pa.Table:
-    """Canonical types of :data:`EVENT_SCHEMA` and every rule of the contract, or raise."""
+def validate_table(table: pa.Table) -> pa.Table:
+    """Canonical types of :data:`EVENT_SCHEMA` and every rule of the contract, or raise
+    :class:`~producers.events.EventDecodeError`. Columns beyond the contract are dropped."""
     names = table.column_names
     if len(set(names)) != len(names):
         raise EventDecodeError("duplicate column names")
@@ -526,7 +529,7 @@ def decode_arrow(data: bytes) -> list[EventColumns]:
     (in order of first appearance; rows in message order). Raises
     :class:`~producers.events.EventDecodeError` for anything the contract refuses,
     including an empty message."""
-    table = _validate(_read_stream(data))
+    table = validate_table(_read_stream(data))
     if table.num_rows == 0:
         raise EventDecodeError("empty message: no events")
     comm = table.column("comm")
@@ -539,6 +542,11 @@ def decode_arrow(data: bytes) -> list[EventColumns]:
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
     parts = sorted(np.split(order, bounds), key=lambda part: int(part[0]))
     return [EventColumns(enc.dictionary[codes[p[0]]].as_py(), table.take(p)) for p in parts]
+
+
+def table_events(table: pa.Table) -> list[Event]:
+    """Rows of a validated table (:func:`validate_table`) as contract event objects."""
+    return _to_events(table)
 
 
 def _to_events(table: pa.Table) -> list[Event]:
@@ -613,7 +621,7 @@ def content_type_of(headers: Any) -> bytes | None:
 def decode_events(data: bytes, content_type: bytes | str | None) -> list[Event]:
     """One message in either form → event objects (the core's current input form)."""
     if is_arrow(content_type, data):
-        table = _validate(_read_stream(data))
+        table = validate_table(_read_stream(data))
         if table.num_rows == 0:
             raise EventDecodeError("empty message: no events")
         return _to_events(table)  # message order, as the JSON decoder gives

@@ -5,6 +5,9 @@
 * a contract JSON-lines trace (plain or gzip; one event or an array per line);
 * an NCCL Inspector dump directory (``<host>-pid<pid>.log`` JSON lines) or one such file;
 * PyTorch Flight Recorder dumps (pickle or JSON), one file per rank, or a directory of them;
+* the Parquet archive of ``c4.events`` (``c4stream archive``): its ``events`` directory,
+  an hour of it, or files — cut back into the archived messages
+  (:mod:`producers.formats.parquet_archive`);
 * a directory mixing these: every regular, non-hidden file in it is sniffed on its own.
 
 Each file is recognised by its first bytes, not its name (``sniff``). Everything comes
@@ -47,9 +50,15 @@ from typing import Literal
 
 import msgspec
 
+from producers.columnar import table_events
 from producers.events import Event
 from producers.formats.flight_recorder import looks_like_flight_recorder, read_flight_recorder
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
+from producers.formats.parquet_archive import (
+    SeenMessages,
+    looks_like_parquet,
+    read_parquet_messages,
+)
 from producers.traces import BadLine, TraceLine, read_trace
 
 __all__ = [
@@ -65,7 +74,7 @@ __all__ = [
     "sniff",
 ]
 
-Kind = Literal["trace", "inspector", "flight_recorder"]
+Kind = Literal["trace", "inspector", "flight_recorder", "parquet"]
 OnBad = Callable[[BadLine], None]
 _SNIFF_BYTES = 1 << 16
 
@@ -97,6 +106,8 @@ class SourceBatch:
 def _head(path: Path) -> bytes:
     with open(path, "rb") as fh:
         head = fh.read(_SNIFF_BYTES)
+    if looks_like_parquet(head):
+        return head
     if head[:2] == b"\x1f\x8b":
         try:
             with gzip.open(path, "rb") as gz:
@@ -109,12 +120,15 @@ def _head(path: Path) -> bytes:
 def sniff(path: str | Path) -> Kind:
     """What a file holds, judged from its first 64 KiB (gzip looked into).
 
-    A first line that is a JSON object with ``header`` and ``metadata`` is Inspector; a
-    pickle or a JSON object with Flight Recorder keys is a Flight Recorder dump;
+    ``PAR1`` is a Parquet file (the events archive); a first line that is a JSON object
+    with ``header`` and ``metadata`` is Inspector; a pickle or a JSON object with Flight
+    Recorder keys is a Flight Recorder dump;
     anything else is read as a contract trace (whose reader reports lines it cannot
     decode, so an unknown file shows up as bad lines rather than silence).
     """
     head = _head(Path(path))
+    if looks_like_parquet(head):
+        return "parquet"
     if looks_like_flight_recorder(head):
         return "flight_recorder"
     first = head.lstrip().split(b"\n", 1)[0].strip()
@@ -146,7 +160,9 @@ def list_files(path: str | Path) -> list[Path]:
     raise SourceError(f"{p}: no such file or directory")
 
 
-def _read_file(path: Path, kind: Kind, job: str, on_bad: OnBad | None) -> Iterator[SourceBatch]:
+def _read_file(
+    path: Path, kind: Kind, job: str, on_bad: OnBad | None, seen: SeenMessages | None = None
+) -> Iterator[SourceBatch]:
     name = str(path)
     if kind == "trace":
         for item in read_trace(path):
@@ -154,6 +170,10 @@ def _read_file(path: Path, kind: Kind, job: str, on_bad: OnBad | None) -> Iterat
                 yield SourceBatch(f"{name}:{item.lineno}", item.events, item.raw)
             elif on_bad is not None:
                 on_bad(item)
+    elif kind == "parquet":
+        # one batch per archived message, in event time (tables → objects per message)
+        for row, table in read_parquet_messages(path, job=job, on_bad=on_bad, seen=seen):
+            yield SourceBatch(f"{name}:{row}", table_events(table))
     elif kind == "inspector":
         for lineno, ev in read_inspector_file(path, job=job, on_bad=on_bad):
             yield SourceBatch(f"{name}:{lineno}", [ev])
@@ -192,6 +212,8 @@ def open_sources(
     then read lazily: memory stays bounded by one batch per file.
     """
     streams: list[Iterator[SourceBatch]] = []
+    archive: dict[Path, list[Iterator[SourceBatch]]] = {}  # Parquet files by directory
+    seen: dict[Path, SeenMessages] = {}  # per directory: archived messages read once
     for path in paths:
         p = Path(path)
         the_job = job or inspector_job_from_dir(p if p.is_dir() else p.parent)
@@ -200,7 +222,19 @@ def open_sources(
                 kind = sniff(f)
             except OSError as err:
                 raise SourceError(f"{f}: cannot read: {err}") from None
-            streams.append(_read_file(f, kind, the_job, on_bad))
+            if kind == "parquet":
+                dedupe = seen.setdefault(f.parent, SeenMessages())
+                archive.setdefault(f.parent, []).append(
+                    _read_file(f, kind, the_job, on_bad, dedupe)
+                )
+            else:
+                streams.append(_read_file(f, kind, the_job, on_bad))
+    for files in archive.values():
+        # by the second their messages cover: one archiver's files in turn (as it wrote
+        # them), several archivers' files interleaved; a stable merge keeps file order
+        streams.append(
+            files[0] if len(files) == 1 else heapq.merge(*files, key=lambda b: b.ts_us // 1_000_000)
+        )
     if len(streams) == 1:
         return streams[0]
     return heapq.merge(*streams, key=lambda b: b.ts_us)

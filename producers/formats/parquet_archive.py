@@ -1,0 +1,182 @@
+"""The Parquet archive of ``c4.events`` (what ``c4stream archive`` writes) as an input.
+
+A user replays an archived day through ``c4stream detect`` with other thresholds, or
+back into Kafka with ``c4stream replay``: point either at the archive's ``events``
+directory (``events/job=<job>/hour=<hour>/part-….parquet``), an hour of it, or files.
+
+Each file is read whole (the archiver rolls files at ``--roll-bytes``, 128 MiB by
+default), checked against the contract (:func:`producers.columnar.validate_table`:
+the same rules as a Kafka message; a file that breaks them is reported as
+``file:0: reason`` and skipped) and cut back into the messages it was archived from:
+
+* rows carry their Kafka origin (``kafka_topic``, ``kafka_partition``, ``kafka_offset``,
+  ``kafka_index``): a message is the rows of one (topic, partition, offset), in
+  ``kafka_index`` order; a message archived twice (an archiver crash writes the rows
+  it had not committed again, into a later file of the same ``job=/hour=`` directory)
+  is read once: the files of one directory share a :class:`SeenMessages` (8 bytes per
+  message, not per event);
+* messages come out in the order they were archived (the archiver's consumption order,
+  which is what a worker saw); :func:`producers.sources.open_sources` merges the files
+  of one directory by the second of their messages' earliest ``ts_us`` (files of one
+  archiver follow each other; files of several archivers interleave), and
+  directories (hours, jobs) by ``ts_us`` as every input;
+* a Parquet file of events without those columns is cut into one message per
+  communicator per second of ``ts_us``, as replay groups converted input.
+
+The ``job`` of the rows is the hive directory ``job=<job>`` above the file (URI-decoded,
+as the archiver wrote it); without one, the ``job`` given by the caller.
+
+>>> looks_like_parquet(b"PAR1\\x15\\x04"), looks_like_parquet(b'{"kind":"op"}')
+(True, False)
+>>> job_from_path("/a/events/job=train%2F7/hour=2026-11-29T20/part-1.parquet")
+'train/7'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from producers.columnar import EVENT_SCHEMA, validate_table
+from producers.events import EventDecodeError
+from producers.traces import BadLine
+
+__all__ = ["SeenMessages", "job_from_path", "looks_like_parquet", "read_parquet_messages"]
+
+_MAGIC = b"PAR1"
+_ORIGIN = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_index")
+_GROUP_US = 1_000_000
+
+
+def looks_like_parquet(head: bytes) -> bool:
+    """A Parquet file starts (and ends) with ``PAR1``."""
+    return head[:4] == _MAGIC
+
+
+def job_from_path(path: str | Path) -> str | None:
+    """The job of a hive-partitioned archive file: the nearest ``job=<job>`` directory."""
+    for part in reversed(Path(path).parent.parts):
+        if part.startswith("job="):
+            return unquote(part[4:]) or None
+    return None
+
+
+class SeenMessages:
+    """Kafka messages already read from the files of one archive directory."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, list[np.ndarray]] = {}
+
+    def drop_seen(self, topic: str, keys: np.ndarray) -> np.ndarray:
+        """Mask of ``keys`` (partition << 40 | offset, one per message) not seen before;
+        remembers them."""
+        old = self._keys.setdefault(topic, [])
+        fresh = np.ones(len(keys), bool)
+        for arr in old:
+            fresh &= ~np.isin(keys, arr, assume_unique=True)
+        old.append(np.unique(keys[fresh]))
+        return fresh
+
+
+def _message_order(table: pa.Table, seen: SeenMessages | None) -> tuple[np.ndarray, np.ndarray]:
+    """Row order (deduplicated) and the start of each message in it."""
+    ts = table.column("ts_us").to_numpy()
+    n = len(ts)
+    if all(c in table.column_names for c in _ORIGIN) and not any(
+        table.column(c).null_count for c in _ORIGIN
+    ):
+        topic = pc.dictionary_encode(table.column("kafka_topic")).combine_chunks()
+        keys = [np.asarray(topic.indices.to_numpy(), np.int64)] + [
+            table.column(c).to_numpy().astype(np.int64) for c in _ORIGIN[1:]
+        ]
+        o = np.lexsort(keys[::-1])  # by topic, partition, offset, index
+        k = np.stack([a[o] for a in keys])
+        keep = np.ones(n, bool)
+        keep[1:] = (k[:, 1:] != k[:, :-1]).any(axis=0)  # a duplicate repeats the whole key
+        o = o[keep]
+        msg = np.stack([a[o] for a in keys[:3]])
+        if seen is not None and len(o):
+            topics = topic.dictionary.to_pylist()
+            fresh = np.ones(len(o), bool)
+            new_msg = np.ones(len(o), bool)
+            new_msg[1:] = (msg[:, 1:] != msg[:, :-1]).any(axis=0)
+            starts = np.flatnonzero(new_msg)
+            msg_key = (msg[1, starts] << 40) | msg[2, starts]
+            for t, name in enumerate(topics):
+                sel = msg[0, starts] == t
+                keep_msg = np.ones(len(starts), bool)
+                keep_msg[sel] = seen.drop_seen(name, msg_key[sel])
+                fresh &= np.repeat(keep_msg, np.diff(np.append(starts, len(o))))
+            o, msg = o[fresh], msg[:, fresh]
+    else:  # plain events: one message per communicator per second
+        comm = pc.dictionary_encode(table.column("comm")).combine_chunks().indices
+        c = np.asarray(comm.to_numpy(), np.int64)
+        w = ts // _GROUP_US
+        o = np.lexsort((np.arange(n), c, w))
+        msg = np.stack([w[o], c[o]])
+    if len(o) == 0:
+        return o, np.empty(0, np.int64)
+    new = np.ones(len(o), bool)
+    new[1:] = (msg[:, 1:] != msg[:, :-1]).any(axis=0)
+    starts = np.flatnonzero(new)
+    bounds = np.append(starts, len(o))
+    # messages in the order they were archived (the archiver's consumption order: what
+    # the worker saw), i.e. by their first row in the file
+    order = np.argsort(np.minimum.reduceat(o, starts), kind="stable")
+    rows = np.concatenate([o[bounds[i] : bounds[i + 1]] for i in order])
+    sizes = np.diff(bounds)[order]
+    return rows, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
+def read_parquet_messages(
+    path: str | Path,
+    *,
+    job: str,
+    on_bad: Callable[[BadLine], None] | None = None,
+    seen: SeenMessages | None = None,
+) -> Iterator[tuple[int, pa.Table]]:
+    """``(first row number in the file, validated table of one message)``, in event-time
+    order of the messages; an unreadable or non-contract file goes to ``on_bad``.
+    ``seen``: shared by the files of one directory, so a message is read once."""
+    p = Path(path)
+    name = str(p)
+
+    def bad(reason: str) -> None:
+        if on_bad is not None:
+            on_bad(BadLine(name, 0, b"", reason))
+
+    try:
+        pf = pq.ParquetFile(p)
+        present = set(pf.schema_arrow.names)
+        wanted = [f for f in (*EVENT_SCHEMA.names, *_ORIGIN) if f in present]
+        table = pf.read(columns=wanted)
+    except (pa.ArrowException, OSError, ValueError) as err:
+        bad(f"unreadable Parquet file: {err}")
+        return
+    if "kind" not in present or "comm" not in present:
+        bad("Parquet file is not an events archive (no `kind`/`comm` columns)")
+        return
+    if "job" not in present:
+        the_job = job_from_path(p) or job
+        table = table.append_column("job", pa.array(np.full(table.num_rows, the_job, object)))
+    try:
+        checked = validate_table(table)
+    except EventDecodeError as err:
+        bad(f"Parquet events break the contract: {err}")
+        return
+    origin = table.select([c for c in _ORIGIN if c in table.column_names])
+    rows, starts = _message_order(pa.Table.from_arrays(
+        [*checked.columns, *origin.columns], names=[*checked.column_names, *origin.column_names]
+    ), seen)  # fmt: skip
+    if rows.size == 0:
+        return
+    ordered = checked.take(pa.array(rows))  # one gather; then zero-copy slices per message
+    ends = np.append(starts[1:], len(rows))
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield int(rows[s]), ordered.slice(s, e - s)

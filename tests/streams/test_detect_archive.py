@@ -1,0 +1,107 @@
+"""The Parquet archive of c4.events as an input of ``detect``: same commands as the
+original trace, duplicates read once, non-event files reported."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from producers.columnar import events_table as contract_table
+from producers.simulator import SCENARIOS, FaultSpec, write_trace
+from producers.sources import open_source, sniff
+from producers.traces import BadLine, TraceLine, read_trace
+from sinks.archive.schemas import EVENTS, VERDICTS
+from sinks.archive.tables import MessageSources, events_table
+from sinks.archive.writer import DatasetWriter, RollPolicy
+from streams.detect import run_detect
+
+
+def _archive(trace: Path, root: Path, *, duplicate: int | None = None) -> int:
+    """Write the trace's lines to the archive as the archiver would have, after they
+    went through an 8-partition ``c4.events`` (keyed by communicator); returns the
+    number of files. ``duplicate``: that batch is written twice (an archiver crash)."""
+    w = DatasetWriter(
+        root / "events", EVENTS, RollPolicy(roll_bytes=20_000, row_group_bytes=50_000)
+    )
+    offsets = [0] * 8
+    lines = [x for x in read_trace(trace) if isinstance(x, TraceLine)]
+    files = []
+    for k in range(0, len(lines), 40):  # consumer batches of 40 messages
+        events, msgs = [], []
+        for line in lines[k : k + 40]:
+            p = zlib.crc32(line.events[0].comm.encode()) % 8
+            msgs.append((p, offsets[p], line.events[0].ts_us // 1000, len(line.events)))
+            offsets[p] += 1
+            events += line.events
+        rows = events_table(events, MessageSources.build("c4.events", msgs))
+        files += w.write(rows.table, rows.jobs)
+        if duplicate == k // 40:
+            files += w.write(rows.table, rows.jobs)
+    files += w.close_all()
+    return len(files)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("arch")
+    cfg = msgspec.structs.replace(
+        SCENARIOS["healthy"], job="arch/job 1", hosts=8, duration_s=40, seed=4,
+        faults=[
+            FaultSpec(kind="straggler", host=2, gpu=5, start_s=10, severity=1.5),
+            FaultSpec(kind="rank_hang", host=6, gpu=1, start_s=28),
+        ],
+    )  # fmt: skip
+    write_trace(cfg, d / "trace.jsonl.gz", d / "truth.json")
+    return d / "trace.jsonl.gz"
+
+
+@pytest.mark.timeout(180)
+def test_archive_gives_the_same_commands_as_the_trace(trace: Path, tmp_path: Path) -> None:
+    n_files = _archive(trace, tmp_path / "a", duplicate=3)
+    assert n_files >= 3, "several files: the reader merges them by event time"
+    a = run_detect([trace], tmp_path / "from-trace.jsonl")
+    bad: list[BadLine] = []
+    b = run_detect([tmp_path / "a" / "events"], tmp_path / "from-archive.jsonl", on_bad=bad.append)
+    assert bad == []
+    assert len(a.commands) >= 2, "the straggler and the hang are isolated"
+    assert {c.host for c in a.commands} >= {"node-002", "node-006"}
+    assert b.n_events == a.n_events  # the duplicated batch is read once
+    assert (tmp_path / "from-archive.jsonl").read_bytes() == (
+        tmp_path / "from-trace.jsonl"
+    ).read_bytes()
+
+
+def test_the_archive_is_sniffed_and_its_job_comes_from_the_directory(
+    trace: Path, tmp_path: Path
+) -> None:
+    _archive(trace, tmp_path)
+    files = sorted((tmp_path / "events").rglob("*.parquet"))
+    assert sniff(files[0]) == "parquet"
+    assert "job=arch%2Fjob%201" in str(files[0])
+    batches = list(open_source(files[0]))
+    assert batches and all(e.job == "arch/job 1" for b in batches for e in b.events)
+    # the messages as archived: here the trace's first lines, in their order
+    lines = [x.events for x in read_trace(trace) if isinstance(x, TraceLine)]
+    assert [b.events for b in batches] == lines[: len(batches)]
+
+
+def test_plain_parquet_of_events_and_foreign_parquet(trace: Path, tmp_path: Path) -> None:
+    events = [e for x in read_trace(trace) if isinstance(x, TraceLine) for e in x.events][:500]
+    pq.write_table(contract_table(events), tmp_path / "plain.parquet")
+    got = [e for b in open_source(tmp_path / "plain.parquet") for e in b.events]
+    key = msgspec.json.encode
+    assert sorted(map(key, got)) == sorted(map(key, events))
+    pq.write_table(VERDICTS.empty_table(), tmp_path / "verdicts.parquet")
+    bad: list[BadLine] = []
+    assert list(open_source(tmp_path / "verdicts.parquet", on_bad=bad.append)) == []
+    assert len(bad) == 1 and "not an events archive" in bad[0].reason
+    t = contract_table(events[:3]).set_column(1, "v", pa.array([1, 2, 1], pa.int8()))
+    pq.write_table(t, tmp_path / "broken.parquet")
+    bad.clear()
+    assert list(open_source(tmp_path / "broken.parquet", on_bad=bad.append)) == []
+    assert "break the contract" in bad[0].reason and "row 1, column `v`" in bad[0].reason
