@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 import typer
 from rich.console import Console
 
@@ -74,7 +75,8 @@ def detect(
     traces: Annotated[
         list[Path],
         typer.Argument(
-            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps."
+            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps, "
+            "the Parquet archive of c4.events."
         ),
     ],
     out: Annotated[
@@ -91,9 +93,29 @@ def detect(
         int | None, typer.Option("--job-hosts", help="Hosts in the job (for the isolation cap).")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary table.")] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="c4stream.toml: thresholds from [worker.detect], policy from [worker.policy]",
+        ),
+    ] = None,
 ) -> None:
     """Run the detection core over recorded traces, in event time, without Kafka."""
-    policy = PolicyConfig(dry_run=not no_dry_run, deny_hosts=list(deny or []), job_hosts=job_hosts)
+    detect_cfg = None
+    policy = PolicyConfig()
+    if config is not None:  # e.g. an archived day judged with other thresholds
+        try:
+            wc = load_worker_config(config)
+        except WorkerConfigError as err:
+            raise typer.BadParameter(str(err), param_hint="--config") from None
+        detect_cfg, policy = wc.detect, wc.policy
+    policy = msgspec.structs.replace(
+        policy,
+        dry_run=not no_dry_run,
+        deny_hosts=list(deny or policy.deny_hosts),
+        job_hosts=job_hosts if job_hosts is not None else policy.job_hosts,
+    )
     shown = 0
 
     def on_bad(b) -> None:  # noqa: ANN001 - producers.traces.BadLine
@@ -106,7 +128,7 @@ def detect(
             typer.echo("bad input: more bad lines follow; counting only", err=True)
 
     try:
-        res = run_detect(traces, out, policy=policy, on_bad=on_bad)
+        res = run_detect(traces, out, detect_cfg, policy=policy, on_bad=on_bad)
     except DetectInputError as e:
         typer.echo(f"c4stream detect: {e}", err=True)
         raise typer.Exit(2) from None

@@ -3,6 +3,8 @@ original trace, duplicates read once, non-event files reported."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from producers.traces import BadLine, TraceLine, read_trace
 from sinks.archive.schemas import EVENTS, VERDICTS
 from sinks.archive.tables import MessageSources, events_table
 from sinks.archive.writer import DatasetWriter, RollPolicy
+from streams.commands import decode_command
 from streams.detect import run_detect
 
 
@@ -105,3 +108,29 @@ def test_plain_parquet_of_events_and_foreign_parquet(trace: Path, tmp_path: Path
     bad.clear()
     assert list(open_source(tmp_path / "broken.parquet", on_bad=bad.append)) == []
     assert "break the contract" in bad[0].reason and "row 1, column `v`" in bad[0].reason
+
+
+@pytest.mark.timeout(180)
+def test_cli_judges_an_archived_day_with_other_thresholds(trace: Path, tmp_path: Path) -> None:
+    _archive(trace, tmp_path)
+    c4 = str(Path(sys.executable).parent / "c4stream")
+
+    def detect(*extra: str) -> list[tuple[str, str]]:
+        out = tmp_path / "cmds.jsonl"
+        r = subprocess.run(
+            [c4, "detect", str(tmp_path / "events"), "--out", str(out), "-q", *extra],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        return [(c.host, c.fault) for c in map(decode_command, out.read_bytes().splitlines())]
+
+    default = detect()
+    assert ("node-006", "noncomm_hang") in default and ("node-002", "straggler") in default
+    cfg = tmp_path / "lenient.toml"
+    # a hang must last ten minutes and a straggler arrive last always: nothing isolated
+    cfg.write_text("[worker.detect]\nhang_floor_us = 600000000\nstraggler_last_frac = 1.01\n")
+    assert detect("--config", str(cfg)) == []
+    cfg.write_text("[worker.detect]\nhang_flor_us = 1\n")  # a typo is an error, not ignored
+    args = [c4, "detect", str(tmp_path / "events"), "-o", str(tmp_path / "x"), "--config", str(cfg)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "hang_flor_us" in r.stderr
