@@ -27,11 +27,13 @@ pytestmark = pytest.mark.kafka
 SIM = msgspec.structs.replace(
     SCENARIOS["healthy"],
     hosts=8,
-    duration_s=30,
+    duration_s=40,
     seed=5,
+    # faults that end before the trace does: a hang still open when input stops is
+    # decided at a wall-clock-dependent point by a live worker (see the report of i15)
     faults=[
-        FaultSpec(kind="straggler", host=3, gpu=6, start_s=8, severity=1.5),
-        FaultSpec(kind="rank_hang", host=5, gpu=2, start_s=20),
+        FaultSpec(kind="straggler", host=3, gpu=6, start_s=5, end_s=20, severity=1.5),
+        FaultSpec(kind="slow_nic", host=5, nic=2, start_s=20, end_s=33, severity=0.4),
     ],
 )
 
@@ -106,7 +108,7 @@ def test_one_and_two_workers_decide_the_same_commands(
     offline = offline_commands(trace)
     assert {(c.host, c.gpu, c.fault) for c in offline} >= {
         ("node-003", 6, "straggler"),
-        ("node-005", 2, "noncomm_hang"),
+        ("node-005", 2, "slow_nic"),
     }
     one = _run(kafka_bootstrap, tmp_path, trace, 1)
     two = _run(kafka_bootstrap, tmp_path, trace, 2)
