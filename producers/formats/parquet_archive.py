@@ -140,7 +140,7 @@ def read_parquet_messages(
     job: str,
     on_bad: Callable[[BadLine], None] | None = None,
     seen: SeenMessages | None = None,
-) -> Iterator[tuple[int, pa.Table]]:
+) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(first row number in the file, validated table of one message)``, in event-time
     order of the messages; an unreadable or non-contract file goes to ``on_bad``.
     ``seen``: shared by the files of one directory, so a message is read once."""
@@ -170,13 +170,16 @@ def read_parquet_messages(
     except EventDecodeError as err:
         bad(f"Parquet events break the contract: {err}")
         return
-    origin = table.select([c for c in _ORIGIN if c in table.column_names])
-    rows, starts = _message_order(pa.Table.from_arrays(
-        [*checked.columns, *origin.columns], names=[*checked.column_names, *origin.column_names]
-    ), seen)  # fmt: skip
+    keyed = pa.Table.from_batches([checked])
+    for c in _ORIGIN:
+        if c in table.column_names:
+            keyed = keyed.append_column(c, table.column(c))
+    rows, starts = _message_order(keyed, seen)
     if rows.size == 0:
         return
-    ordered = checked.take(pa.array(rows))  # one gather; then zero-copy slices per message
+    ordered = checked.take(
+        pa.array(rows)
+    )  # a record batch  # one gather; then zero-copy slices per message
     ends = np.append(starts[1:], len(rows))
     for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
         yield int(rows[s]), ordered.slice(s, e - s)

@@ -1,0 +1,184 @@
+"""Columnar input: decode and ``detect`` rates for JSON lines, Arrow IPC and the Parquet
+archive of the same trace, each as a ratio to merely parsing the JSON in the same run.
+
+The trace has the issue's shape: a simulated healthy job, one line per host per
+communicator per second (what one exporter per host writes). From it the script builds
+the same events as Arrow IPC messages (one per line) and as the Parquet archive of
+``c4.events`` (written by the archiver's own writer). Then, on one core (CPU seconds of
+this process, ``time.process_time``):
+
+* **parse JSON (baseline)** — read the ``.jsonl.gz`` and parse each line with msgspec
+  into empty structs: every byte parsed, no field kept, no event object built. All
+  ratios (×parse) are to this rate, measured in the same run;
+* decode JSON → event objects (what ``detect`` and the worker do today); decode Arrow →
+  numpy columns per communicator; decode Arrow → event objects; read the Parquet
+  archive → messages;
+* ``detect`` over the JSON trace and over the archive (``streams.detect.run_detect``:
+  decode + the detection core + the correlator), and over the archive's columns alone.
+
+Targets (issue 15): ``detect`` on JSON ≥ 0.8× parse; ``detect`` on Arrow/Parquet ≥ 3×
+parse and ≥ 1M events/s per core. A missed target is printed as MISSED.
+
+Run: ``python -m bench.bench_columnar [--gpus 1024] [--duration 20]``
+(~1 min at the defaults; the load average is printed beside the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from producers.columnar import decode_arrow, decode_events, encode_arrow
+from producers.events import decode_message
+from producers.formats.parquet_archive import read_parquet_messages
+from producers.simulator import SCENARIOS, with_gpus, write_trace
+from producers.traces import TraceLine, read_trace
+from sinks.archive.schemas import EVENTS
+from sinks.archive.tables import MessageSources, events_table
+from sinks.archive.writer import DatasetWriter, RollPolicy
+from streams.detect import run_detect
+
+__all__ = ["json_parse_rate", "load", "make_trace"]
+
+
+class _Skip(msgspec.Struct):
+    """No fields: msgspec parses every value and keeps none."""
+
+
+_SKIP = msgspec.json.Decoder(list[_Skip] | _Skip)
+
+
+def load() -> str:
+    """The 1-minute load average and the core count, to print beside any figure."""
+    return f"load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+def make_trace(tmp: Path, gpus: int, duration: float) -> Path:
+    cfg = msgspec.structs.replace(
+        with_gpus(SCENARIOS["healthy"], gpus), duration_s=duration, seed=3
+    )
+    path = tmp / f"trace-{gpus}.jsonl.gz"
+    write_trace(cfg, path, tmp / "truth.json")
+    return path
+
+
+def json_parse_rate(trace: Path) -> tuple[int, float]:
+    """(events, CPU seconds) of the baseline: gunzip + split + msgspec parse per line."""
+    t0 = time.process_time()
+    n = 0
+    with gzip.open(trace, "rb") as fh:
+        for line in fh:
+            out = _SKIP.decode(line)
+            n += len(out) if isinstance(out, list) else 1
+    return n, time.process_time() - t0
+
+
+def _cpu(fn: Callable[[], int]) -> tuple[int, float]:
+    t0 = time.process_time()
+    n = fn()
+    return n, time.process_time() - t0
+
+
+def _archive(trace: Path, root: Path) -> Path:
+    """The trace as ``c4stream archive`` would have stored it (8 partitions, batches of 200)."""
+    w = DatasetWriter(root / "events", EVENTS, RollPolicy())
+    offsets = [0] * 8
+    lines = [x.events for x in read_trace(trace) if isinstance(x, TraceLine)]
+    for k in range(0, len(lines), 200):
+        events, msgs = [], []
+        for evs in lines[k : k + 200]:
+            p = zlib.crc32(evs[0].comm.encode()) % 8
+            msgs.append((p, offsets[p], evs[0].ts_us // 1000, len(evs)))
+            offsets[p] += 1
+            events += evs
+        rows = events_table(events, MessageSources.build("c4.events", msgs))
+        w.write(rows.table, rows.jobs)
+    w.close_all()
+    return root / "events"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--gpus", type=int, default=1024)
+    ap.add_argument("--duration", type=float, default=20, help="simulated seconds")
+    args = ap.parse_args(argv)
+    load0 = load()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        trace = make_trace(tmp, args.gpus, args.duration)
+        raw_lines = [x.raw for x in read_trace(trace) if isinstance(x, TraceLine)]
+        arrow_msgs = [encode_arrow(decode_message(r)) for r in raw_lines]
+        events_dir = _archive(trace, tmp / "archive")
+        parquet_files = sorted(events_dir.rglob("*.parquet"))
+
+        rows: list[tuple[str, int, float, str]] = []
+        n, base_s = json_parse_rate(trace)
+        base = n / base_s
+        rows.append(("parse JSON lines, no objects (baseline)", n, base_s, ""))
+
+        def dec_json() -> int:
+            return sum(len(decode_message(r)) for r in raw_lines)
+
+        def dec_arrow_cols() -> int:
+            return sum(c.n for m in arrow_msgs for c in decode_arrow(m))
+
+        def dec_arrow_objs() -> int:
+            return sum(len(decode_events(m, None)) for m in arrow_msgs)
+
+        def read_parquet() -> int:
+            return sum(
+                t.num_rows for f in parquet_files for _, t in read_parquet_messages(f, job="j")
+            )
+
+        rows.append(("decode JSON → event objects", *_cpu(dec_json), ""))
+        rows.append(("decode Arrow IPC → numpy columns", *_cpu(dec_arrow_cols), ""))
+        rows.append(("decode Arrow IPC → event objects", *_cpu(dec_arrow_objs), ""))
+        rows.append(("read Parquet archive → message columns", *_cpu(read_parquet), ""))
+        res = None
+
+        def det_json() -> int:
+            nonlocal res
+            res = run_detect([trace], tmp / "c1.jsonl")
+            return res.n_events
+
+        def det_parquet() -> int:
+            return run_detect([events_dir], tmp / "c2.jsonl").n_events
+
+        rows.append(("detect, JSON lines", *_cpu(det_json), "≥ 0.8× parse"))
+        rows.append(("detect, Parquet archive", *_cpu(det_parquet), "≥ 3× parse, ≥ 1M/s"))
+        same = (tmp / "c1.jsonl").read_bytes() == (tmp / "c2.jsonl").read_bytes()
+    load1 = load()
+
+    print(
+        f"\nColumnar input, {args.gpus} GPUs × {args.duration:g} s ({n:,} events, "
+        f"{len(raw_lines):,} lines; {len(parquet_files)} Parquet files). CPU seconds of one "
+        f"process; {load0} at start, {load1} at end."
+    )
+    print("| input | events | CPU s | events/s | × parse | target | result |")
+    print("|---|---:|---:|---:|---:|---|---|")
+    for name, k, s, target in rows:
+        rate = k / s if s > 0 else float("inf")
+        ratio = rate / base
+        verdict = ""
+        if target.startswith("≥ 0.8"):
+            verdict = "met" if ratio >= 0.8 else "MISSED"
+        elif target.startswith("≥ 3"):
+            verdict = "met" if ratio >= 3 and rate >= 1_000_000 else "MISSED"
+        print(f"| {name} | {k:,} | {s:.2f} | {rate:,.0f} | {ratio:.2f} | {target} | {verdict} |")
+    print(f"\ncommands from JSON and from the archive byte-identical: {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
