@@ -37,7 +37,7 @@ from pathlib import Path
 
 import msgspec
 
-from producers.columnar import decode_arrow, decode_events, encode_arrow
+from producers.columnar import decode_arrow, decode_events, decode_events_many, encode_arrow
 from producers.events import decode_message
 from producers.formats.parquet_archive import read_parquet_messages
 from producers.simulator import SCENARIOS, with_gpus, write_trace
@@ -136,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         def dec_arrow_objs() -> int:
             return sum(len(decode_events(m, None)) for m in arrow_msgs)
 
+        def dec_arrow_many() -> int:
+            n = 0
+            for k in range(0, len(arrow_msgs), 500):
+                got = decode_events_many([(m, None) for m in arrow_msgs[k : k + 500]])
+                n += sum(len(x) for x in got if isinstance(x, list))
+            return n
+
         def read_parquet() -> int:
             return sum(
                 t.num_rows for f in parquet_files for _, t in read_parquet_messages(f, job="j")
@@ -144,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("decode JSON → event objects", *_cpu(dec_json), ""))
         rows.append(("decode Arrow IPC → numpy columns", *_cpu(dec_arrow_cols), ""))
         rows.append(("decode Arrow IPC → event objects", *_cpu(dec_arrow_objs), ""))
+        rows.append(
+            ("decode Arrow IPC → event objects, 500 messages at once", *_cpu(dec_arrow_many), "")
+        )
         rows.append(("read Parquet archive → message columns", *_cpu(read_parquet), ""))
         res = None
 

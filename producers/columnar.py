@@ -75,6 +75,7 @@ __all__ = [
     "content_type_of",
     "decode_arrow",
     "decode_events",
+    "decode_events_many",
     "encode_arrow",
     "encode_batch",
     "events_table",
@@ -674,3 +675,50 @@ def decode_events(data: bytes, content_type: bytes | str | None) -> list[Event]:
             raise EventDecodeError("empty message: no events")
         return _to_events(table)  # message order, as the JSON decoder gives
     return decode_message(data)
+
+
+def decode_events_many(
+    messages: Sequence[tuple[bytes, bytes | str | None]],
+) -> list[list[Event] | EventDecodeError]:
+    """Many messages (value, content type) → per message its events or its error.
+
+    Same results as :func:`decode_events` one by one, cheaper for Arrow: a small batch
+    costs ~100 µs to validate and convert whatever its size, so the Arrow messages of a
+    consumer batch are validated and converted together (one pass over their
+    concatenated rows), and only when that pass finds a problem one by one, so the
+    error names the message it is in.
+    """
+    out: list[list[Event] | EventDecodeError] = [[] for _ in messages]
+    arrow: list[tuple[int, pa.RecordBatch]] = []
+    for i, (data, ct) in enumerate(messages):
+        try:
+            if is_arrow(ct, data):
+                batch = _read_stream(data)
+                if batch.num_rows == 0:
+                    raise EventDecodeError("empty message: no events")
+                arrow.append((i, batch))
+            else:
+                out[i] = decode_message(data)
+        except EventDecodeError as err:
+            out[i] = err
+    canonical = [(i, b) for i, b in arrow if b.schema.equals(EVENT_SCHEMA)]
+    others = [(i, b) for i, b in arrow if not b.schema.equals(EVENT_SCHEMA)]
+    if len(canonical) > 1:
+        whole = _one_batch(pa.Table.from_batches([b for _, b in canonical]))
+        try:
+            events = _to_events(validate_table(whole))
+        except EventDecodeError:
+            others += canonical  # find the bad message(s) one by one
+        else:
+            k = 0
+            for i, b in canonical:
+                out[i] = events[k : k + b.num_rows]
+                k += b.num_rows
+    else:
+        others += canonical
+    for i, b in others:
+        try:
+            out[i] = _to_events(validate_table(b))
+        except EventDecodeError as err:
+            out[i] = err
+    return out

@@ -50,14 +50,13 @@ from typing import Literal
 
 import msgspec
 
-from producers.columnar import table_events
 from producers.events import Event
 from producers.formats.flight_recorder import looks_like_flight_recorder, read_flight_recorder
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
 from producers.formats.parquet_archive import (
     SeenMessages,
     looks_like_parquet,
-    read_parquet_messages,
+    read_parquet_events,
 )
 from producers.traces import BadLine, TraceLine, read_trace
 
@@ -172,8 +171,8 @@ def _read_file(
                 on_bad(item)
     elif kind == "parquet":
         # one batch per archived message, in event time (tables → objects per message)
-        for row, table in read_parquet_messages(path, job=job, on_bad=on_bad, seen=seen):
-            yield SourceBatch(f"{name}:{row}", table_events(table))
+        for row, events in read_parquet_events(path, job=job, on_bad=on_bad, seen=seen):
+            yield SourceBatch(f"{name}:{row}", events)
     elif kind == "inspector":
         for lineno, ev in read_inspector_file(path, job=job, on_bad=on_bad):
             yield SourceBatch(f"{name}:{lineno}", [ev])

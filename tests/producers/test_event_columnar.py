@@ -17,6 +17,7 @@ from producers.columnar import (
     MAX_MESSAGE_BYTES,
     decode_arrow,
     decode_events,
+    decode_events_many,
     encode_arrow,
     encode_batch,
     is_arrow,
@@ -177,3 +178,26 @@ def test_content_type_decides_and_unknown_types_are_refused() -> None:
     assert headers == [("content-type", ARROW_CONTENT_TYPE.encode())] and value == ar
     with pytest.raises(ValueError, match="unknown wire format"):
         encode_batch(GOOD, "xml")
+
+
+def test_decoding_many_at_once_equals_one_by_one() -> None:
+    good = [encode_arrow([e]) for e in GOOD] + [encode_arrow(GOOD)]
+    bad_v = _ipc(_rows([{**json.loads(encode_message(GOOD[0])), "v": 2}]))
+    msgs: list[tuple[bytes, Any]] = [(m, ARROW_CONTENT_TYPE) for m in good]
+    msgs += [(bad_v, ARROW_CONTENT_TYPE), (encode_message(GOOD), None), (b"[]", None)]
+    msgs += [
+        (good[0][:20], ARROW_CONTENT_TYPE),
+        (_ipc(_rows([json.loads(encode_message(GOOD[1]))])), None),
+    ]
+
+    def one(data: bytes, ct: Any) -> Any:
+        try:
+            return decode_events(data, ct)
+        except EventDecodeError as err:
+            return str(err)
+
+    many = [x if isinstance(x, list) else str(x) for x in decode_events_many(msgs)]
+    assert many == [one(*m) for m in msgs]
+    assert sum(isinstance(x, str) for x in many) == 2  # the bad v and the truncated stream
+    # all good: one pass over the concatenated rows
+    assert decode_events_many([(m, None) for m in good]) == [decode_events(m, None) for m in good]
