@@ -140,6 +140,47 @@ def _message_order(table: pa.Table, seen: SeenMessages | None) -> tuple[np.ndarr
     return rows, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
 
+def _read_ordered(
+    path: Path, job: str, on_bad: Callable[[BadLine], None] | None, seen: SeenMessages | None
+) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray] | None:
+    """The file's validated rows in message order, each message's first row number in
+    the file, and where each message starts; ``None`` when the file is bad or empty."""
+    name = str(path)
+
+    def bad(reason: str) -> None:
+        if on_bad is not None:
+            on_bad(BadLine(name, 0, b"", reason))
+
+    try:
+        pf = pq.ParquetFile(path)
+        present = set(pf.schema_arrow.names)
+        wanted = [f for f in (*EVENT_SCHEMA.names, *_ORIGIN) if f in present]
+        table = pf.read(columns=wanted)
+    except (pa.ArrowException, OSError, ValueError) as err:
+        bad(f"unreadable Parquet file: {err}")
+        return None
+    if "kind" not in present or "comm" not in present:
+        bad("Parquet file is not an events archive (no `kind`/`comm` columns)")
+        return None
+    if "job" not in present:
+        the_job = job_from_path(path) or job
+        table = table.append_column("job", pa.array(np.full(table.num_rows, the_job, object)))
+    try:
+        checked = validate_table(table)
+    except EventDecodeError as err:
+        bad(f"Parquet events break the contract: {err}")
+        return None
+    keyed = pa.Table.from_batches([checked])
+    for c in _ORIGIN:
+        if c in table.column_names:
+            keyed = keyed.append_column(c, table.column(c))
+    rows, starts = _message_order(keyed, seen)
+    if rows.size == 0:
+        return None
+    # one gather into message order; messages are then zero-copy slices of it
+    return checked.take(pa.array(rows)), rows[starts], starts
+
+
 def read_parquet_messages(
     path: str | Path,
     *,
@@ -147,48 +188,16 @@ def read_parquet_messages(
     on_bad: Callable[[BadLine], None] | None = None,
     seen: SeenMessages | None = None,
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """``(first row number in the file, validated table of one message)``, in event-time
-    order of the messages; an unreadable or non-contract file goes to ``on_bad``.
+    """``(first row number in the file, validated rows of one message)``, in the order
+    the messages were archived; an unreadable or non-contract file goes to ``on_bad``.
     ``seen``: shared by the files of one directory, so a message is read once."""
-    p = Path(path)
-    name = str(p)
-
-    def bad(reason: str) -> None:
-        if on_bad is not None:
-            on_bad(BadLine(name, 0, b"", reason))
-
-    try:
-        pf = pq.ParquetFile(p)
-        present = set(pf.schema_arrow.names)
-        wanted = [f for f in (*EVENT_SCHEMA.names, *_ORIGIN) if f in present]
-        table = pf.read(columns=wanted)
-    except (pa.ArrowException, OSError, ValueError) as err:
-        bad(f"unreadable Parquet file: {err}")
+    got = _read_ordered(Path(path), job, on_bad, seen)
+    if got is None:
         return
-    if "kind" not in present or "comm" not in present:
-        bad("Parquet file is not an events archive (no `kind`/`comm` columns)")
-        return
-    if "job" not in present:
-        the_job = job_from_path(p) or job
-        table = table.append_column("job", pa.array(np.full(table.num_rows, the_job, object)))
-    try:
-        checked = validate_table(table)
-    except EventDecodeError as err:
-        bad(f"Parquet events break the contract: {err}")
-        return
-    keyed = pa.Table.from_batches([checked])
-    for c in _ORIGIN:
-        if c in table.column_names:
-            keyed = keyed.append_column(c, table.column(c))
-    rows, starts = _message_order(keyed, seen)
-    if rows.size == 0:
-        return
-    ordered = checked.take(
-        pa.array(rows)
-    )  # a record batch  # one gather; then zero-copy slices per message
-    ends = np.append(starts[1:], len(rows))
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        yield int(rows[s]), ordered.slice(s, e - s)
+    ordered, first_rows, starts = got
+    ends = np.append(starts[1:], ordered.num_rows)
+    for row, s, e in zip(first_rows.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        yield row, ordered.slice(s, e - s)
 
 
 def read_parquet_events(
@@ -202,21 +211,17 @@ def read_parquet_events(
     """As :func:`read_parquet_messages`, each message's rows as event objects. Rows are
     converted ``chunk_rows`` at a time (whole messages), not message by message: a
     conversion costs tens of microseconds whatever its size."""
-    group: list[tuple[int, pa.RecordBatch]] = []
-    rows = 0
-
-    def flush() -> Iterator[tuple[int, list[Event]]]:
-        events = table_events(pa.Table.from_batches([b for _, b in group]).combine_chunks())
-        k = 0
-        for row, b in group:
-            yield row, events[k : k + b.num_rows]
-            k += b.num_rows
-
-    for row, batch in read_parquet_messages(path, job=job, on_bad=on_bad, seen=seen):
-        group.append((row, batch))
-        rows += batch.num_rows
-        if rows >= chunk_rows:
-            yield from flush()
-            group, rows = [], 0
-    if group:
-        yield from flush()
+    got = _read_ordered(Path(path), job, on_bad, seen)
+    if got is None:
+        return
+    ordered, first_rows, starts = got
+    ends = np.append(starts[1:], ordered.num_rows)
+    i, m = 0, len(starts)
+    while i < m:
+        # whole messages up to chunk_rows rows (at least one message)
+        j = max(i + 1, int(np.searchsorted(ends, starts[i] + chunk_rows, side="right")))
+        lo, hi = int(starts[i]), int(ends[j - 1])
+        events = table_events(ordered.slice(lo, hi - lo))
+        for k in range(i, j):
+            yield int(first_rows[k]), events[starts[k] - lo : ends[k] - lo]
+        i = j
