@@ -16,6 +16,7 @@ from producers.simulator import SCENARIOS, with_gpus, write_trace
 from producers.traces import iter_events
 from tests.kafka_helpers import consume
 from tests.producers.test_exporter import COMM_A, COMM_B, FakeClock, _append, _config, _line
+from tests.streams.test_detect_archive import _archive
 
 
 def _events(msgs: list) -> list:
@@ -74,6 +75,31 @@ def test_replay_arrow_sends_every_event_once_with_the_header(
     msgs = consume(kafka_bootstrap, topics["events"], expect=stats.messages)
     assert len(msgs) == stats.messages
     assert all(content_type_of(m.headers()) == ARROW_CONTENT_TYPE.encode() for m in msgs)
+    key = msgspec.json.encode
+    assert Counter(map(key, _events(msgs))) == Counter(
+        map(key, iter_events(tmp_path / "sim.jsonl.gz"))
+    )
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(120)
+def test_replay_of_the_parquet_archive_sends_its_events(
+    tmp_path: Path, kafka_bootstrap: str, make_topics
+) -> None:
+    topics = make_topics({"events": 8, "deadletter": 1})
+    cfg = msgspec.structs.replace(with_gpus(SCENARIOS["healthy"], 16), duration_s=4, seed=6)
+    written = write_trace(cfg, tmp_path / "sim.jsonl.gz", tmp_path / "truth.json")
+    _archive(tmp_path / "sim.jsonl.gz", tmp_path / "archive")
+    rc = ReplayConfig(
+        kafka=KafkaConfig(bootstrap=kafka_bootstrap),
+        events_topic=topics["events"],
+        deadletter_topic=topics["deadletter"],
+        speed=None,
+        progress=False,
+    )
+    stats = replay([tmp_path / "archive" / "events"], rc)
+    assert stats.ok and (stats.events, stats.bad) == (written.events, 0)
+    msgs = consume(kafka_bootstrap, topics["events"], expect=stats.messages)
     key = msgspec.json.encode
     assert Counter(map(key, _events(msgs))) == Counter(
         map(key, iter_events(tmp_path / "sim.jsonl.gz"))
