@@ -39,10 +39,15 @@ class RiverConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     """The ``river`` detector: a river anomaly model over per-rank window features.
 
     ``model`` names a class of ``river.anomaly`` (an ``AnomalyDetector``, e.g.
-    ``HalfSpaceTrees``); ``params`` are its keyword arguments (plain values)."""
+    ``HalfSpaceTrees``); ``params`` are its keyword arguments (plain values). The
+    default params suit HalfSpaceTrees on small communicators: its reference window
+    (``window_size``) must fit in ``history_windows`` × ranks samples, or it scores 0;
+    set ``params`` anew when choosing another model."""
 
     model: str = "HalfSpaceTrees"
-    params: dict[str, float | int | str | bool] = {}
+    params: dict[str, float | int | str | bool] = msgspec.field(
+        default_factory=lambda: {"window_size": 16, "n_trees": 10, "height": 6}
+    )
     threshold: float = 0.8
     """Anomaly score (model's ``score_one``, clipped to [0, 1]) from which a rank is
     reported."""
