@@ -64,7 +64,8 @@ class CoreEngine:
         try:
             self.detect = msgspec.convert(detect or {}, core.DetectConfig)
             self.policy = msgspec.convert(policy or {}, core.PolicyConfig)
-        except msgspec.ValidationError as err:
+            core.build_detectors(self.detect)  # e.g. an unknown river model: say so now
+        except (msgspec.ValidationError, ValueError) as err:
             raise ValueError(f"worker detect/policy settings: {err}") from None
 
     def new_detector(self, comm: str) -> DetectorLike:

@@ -160,9 +160,9 @@ class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True):
     slow_min_windows: int = 2
     """Distinct windows (or communicators) needed for a straggler or slow NIC/link."""
     role_replicas: int = 3
-    """A straggler finding whose rank position is late in this many communicators of the
-    same shape (hosts, ranks) within the horizon is a role, not a fault: a faulty GPU
-    is late at its own position only, so several independent faults at one position
-    of one shape at once are implausible."""
+    """A straggler finding whose rank position is late on this many hosts, in
+    communicators of the same shape (hosts, ranks), within the horizon is a role, not
+    a fault: a faulty GPU is late at its own position on its own host, so independent
+    faults at one position of one shape on three hosts at once are implausible."""
     slow_min_score: float = 1.4
     """Summed verdict score needed for a straggler or slow NIC/link."""

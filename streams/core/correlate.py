@@ -110,10 +110,13 @@ class HostCorrelator:
         self.job_host_names: dict[str, set[str]] = {}
         self.suppressed = 0
         self.roles: dict[tuple[str, int, int, int], dict[str, int]] = {}
-        """(job, comm hosts, ranks, position) -> {comm: last ts}: straggler findings per
-        rank position of communicators of one shape. The same position late in several
-        replicas is its role (more work by design, or held up by a slow rail it shares),
-        not a faulty GPU: a faulty GPU is late at its own position only."""
+        """(job, comm hosts, ranks, position) -> {suspect host: last ts}: straggler
+        findings per rank position of communicators of one shape. The same position
+        late on several hosts (in several replicas) is a role (more work by design, or
+        held up by a slow rail it shares), not a faulty GPU: a faulty GPU is late at its
+        own position on its own host (its host-mates, held up by it, make that host
+        late in every replica too: one host, not a role), and in every communicator it
+        belongs to (a GPU flagged in communicators of two shapes is never a role)."""
 
     # ------------------------------------------------------------------ public API
     def observe(self, verdict: Verdict) -> list[IsolationCommand]:
@@ -161,7 +164,7 @@ class HostCorrelator:
         intra = ev.comm_hosts == 1
         ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, ev))
         if isinstance(ev, StragglerEvidence) and ev.position >= 0:
-            self._note_role(v.job, v.comm, v.ts_us, ev)
+            self._note_role(v.job, v.host, v.ts_us, ev)
         cmd = self._decide(key, ep)
         return [cmd] if cmd else []
 
@@ -211,15 +214,15 @@ class HostCorrelator:
             if not seen:
                 del self.roles[k]
 
-    def _note_role(self, job: str, comm: str, ts: int, ev: StragglerEvidence) -> None:
+    def _note_role(self, job: str, host: str, ts: int, ev: StragglerEvidence) -> None:
         seen = self.roles.setdefault((job, ev.comm_hosts, ev.nranks, ev.position), {})
-        seen[comm] = ts
-        if len(seen) > _MAX_ENTRIES:  # bounded: forget the oldest replica
-            del seen[min(seen, key=lambda c: (seen[c], c))]
+        seen[host] = ts
+        if len(seen) > _MAX_ENTRIES:  # bounded: forget the oldest
+            del seen[min(seen, key=lambda h: (seen[h], h))]
 
     def _role(self, job: str, e: _Entry) -> bool:
-        """The entry's rank position is late in ``role_replicas`` or more communicators of
-        its shape within the horizon: a role, not this GPU's fault."""
+        """The entry's rank position is late on ``role_replicas`` or more hosts in
+        communicators of its shape within the horizon: a role, not this GPU's fault."""
         ev = e.ev
         if not isinstance(ev, StragglerEvidence) or ev.position < 0:
             return False
@@ -234,7 +237,12 @@ class HostCorrelator:
         if fault in ("noncomm_hang", "straggler"):
             out = [e for e in out if not self._victim(job, host, fault, e)]
         if fault == "straggler":
-            out = [e for e in out if not self._role(job, e)]
+            # a faulty GPU is late in every communicator it belongs to; a role, or a
+            # GPU held up by a slow rail, only in the replicas of one shape
+            shapes: dict[int | None, set[tuple[int, int]]] = {}
+            for e in out:
+                shapes.setdefault(e.comp[0], set()).add((e.ev.comm_hosts, e.ev.nranks))
+            out = [e for e in out if len(shapes[e.comp[0]]) > 1 or not self._role(job, e)]
         return out
 
     def _victim(self, job: str, host: str, fault: str, e: _Entry) -> bool:
@@ -529,6 +537,7 @@ class _CorrelatorState(msgspec.Struct, array_like=True):
     job_host_names: dict[str, list[str]]
     suppressed: int
     roles: list[tuple[str, int, int, int, str, int]]
+    """(job, comm hosts, ranks, position, suspect host, last ts)"""
 
 
 def _state_of(c: HostCorrelator) -> _CorrelatorState:
@@ -550,7 +559,7 @@ def _state_of(c: HostCorrelator) -> _CorrelatorState:
         job_hosts=dict(c.job_hosts),
         job_host_names={j: sorted(n) for j, n in c.job_host_names.items()},
         suppressed=c.suppressed,
-        roles=[(*k, comm, ts) for k, t in c.roles.items() for comm, ts in t.items()],
+        roles=[(*k, h, ts) for k, t in c.roles.items() for h, ts in t.items()],
     )
 
 
@@ -574,6 +583,6 @@ def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
     c.job_hosts = dict(st.job_hosts)
     c.job_host_names = {j: set(n) for j, n in st.job_host_names.items()}
     c.suppressed = st.suppressed
-    for job, hosts, nranks, pos, comm, ts in st.roles:
-        c.roles.setdefault((job, hosts, nranks, pos), {})[comm] = ts
+    for job, hosts, nranks, pos, host, ts in st.roles:
+        c.roles.setdefault((job, hosts, nranks, pos), {})[host] = ts
     return c
