@@ -153,7 +153,9 @@ class CommRouter:
                 self.stats.restored += 1
                 log.info("restored communicator %s from its checkpoint (%d bytes)", comm, len(data))
             except Exception as err:  # corrupt or foreign bytes: never run, dead-lettered
-                log.warning("checkpoint of communicator %s refused (%s); starting afresh", comm, err)
+                log.warning(
+                    "checkpoint of communicator %s refused (%s); starting afresh", comm, err
+                )
                 self._refused.append(refused_checkpoint(comm.encode(), data, err))
         if det is None:
             det = self.engine.new_detector(comm)
@@ -486,7 +488,9 @@ class CorrelatorRunner:
                 self.stats.restored += 1
                 log.info("restored host correlator %d from its checkpoint", p)
             except Exception as err:  # corrupt or foreign bytes: never run, dead-lettered
-                log.warning("checkpoint of host correlator %d refused (%s); starting afresh", p, err)
+                log.warning(
+                    "checkpoint of host correlator %d refused (%s); starting afresh", p, err
+                )
                 self._refused.append(refused_checkpoint(self.key(p), data, err))
         if cor is None:
             cor = self.engine.new_correlator()

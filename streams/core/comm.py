@@ -85,9 +85,7 @@ class CommDetector:
         self, comm: str, config: DetectConfig, detectors: list[Detector] | None = None
     ) -> None:
         self.view = CommView(comm, config)
-        self.detectors: list[Detector] = (
-            build_detectors(config) if detectors is None else detectors
-        )
+        self.detectors: list[Detector] = build_detectors(config) if detectors is None else detectors
         self.window_idx = -1
         self.n_events = 0
         self._next_tick = 0

@@ -200,4 +200,3 @@ class Observation:
     end_us: int
     note: Note
     ranks: list[int] = field(default_factory=list)
-

@@ -478,7 +478,17 @@ class HangDetector:
             )
             score = 0.9 if "retrans" in why else 0.7
             out.append(
-                Finding("comm_hang", snd, score, reason, start, view.now, ev, [snd, rcv],
-                        nic=nic, peer_host=peer)  # fmt: skip
+                Finding(
+                    "comm_hang",
+                    snd,
+                    score,
+                    reason,
+                    start,
+                    view.now,
+                    ev,
+                    [snd, rcv],
+                    nic=nic,
+                    peer_host=peer,
+                )  # fmt: skip
             )
         return out

@@ -168,7 +168,9 @@ class RiverDetector:
         out: Output = []
         for r in cand.tolist():
             row = [float(v) for v in feats[r]]
-            score = min(1.0, max(0.0, float(model.score_one(dict(zip(FEATURES, row, strict=True))))))
+            score = min(
+                1.0, max(0.0, float(model.score_one(dict(zip(FEATURES, row, strict=True)))))
+            )
             if score < rcfg.threshold:
                 continue
             reason = (

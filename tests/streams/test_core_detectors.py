@@ -272,9 +272,21 @@ def _replica_verdicts(comm: str, host_of: dict[int, str], late: dict[int, float]
             worst = max(late.values(), default=0.0)
             x = x + worst - np.array([late.get(r, 0.0) for r in range(8)])
             batch += [
-                OpEvent(v=1, job="j", comm=comm, comm_name=f"tp-{comm}", nranks=8, rank=r,
-                        host=host_of[r], gpu=r, ts_us=ts, op="AllReduce", seq=seq,
-                        bytes=1 << 20, exec_us=float(x[r]))  # fmt: skip
+                OpEvent(
+                    v=1,
+                    job="j",
+                    comm=comm,
+                    comm_name=f"tp-{comm}",
+                    nranks=8,
+                    rank=r,
+                    host=host_of[r],
+                    gpu=r,
+                    ts_us=ts,
+                    op="AllReduce",
+                    seq=seq,
+                    bytes=1 << 20,
+                    exec_us=float(x[r]),
+                )  # fmt: skip
                 for r in range(8)
             ]
             seq += 1

@@ -6,11 +6,15 @@ without touching this file."""
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import msgspec
 import pytest
 
 from producers.events import Event
 from producers.simulator import SCENARIOS, BenignSpec, FaultSpec, SimConfig, simulate
+from streams.app.engine import CoreEngine
 from streams.core import CommDetector, DetectConfig, DetectionPipeline
 from streams.core.registry import DETECTORS
 from streams.verdicts import Verdict, encode_verdict
@@ -127,3 +131,12 @@ def test_state_is_bounded_per_rank(name: str) -> None:
     assert m2 <= 1.1 * m1 + 64 and c2 <= 1.1 * c1 + 64, sizes
     if name != "river":  # river's bound is its feature history (history_windows)
         assert max(m2, c2) <= 2048, sizes
+
+
+def test_the_example_river_config_builds_its_detectors() -> None:
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "worker-river.toml"
+    detect = tomllib.loads(path.read_text())["worker"]["detect"]
+    engine = CoreEngine(detect=detect)
+    names = [d.name for d in engine.new_detector("0xa").detectors]
+    assert names == ["hang", "river", "slow_conn"]
+    assert engine.detect.river.params["window_size"] == 16

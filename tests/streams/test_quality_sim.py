@@ -122,8 +122,11 @@ def test_a_structurally_late_role_is_not_isolated() -> None:
 def test_a_river_model_enabled_by_configuration_reaches_the_correlator() -> None:
     """``[worker.detect] detectors = ["hang", "river", "slow_conn"]``: stragglers come
     from river's HalfSpaceTrees alone, and its verdicts are what the command rests on."""
-    engine = CoreEngine(detect={"detectors": ["hang", "river", "slow_conn"],
-                                "river": {"model": "HalfSpaceTrees", "threshold": 0.8}})  # fmt: skip
+    detect = {
+        "detectors": ["hang", "river", "slow_conn"],
+        "river": {"model": "HalfSpaceTrees", "threshold": 0.8},
+    }
+    engine = CoreEngine(detect=detect)
     assert [d.name for d in engine.new_detector("x").detectors] == ["hang", "river", "slow_conn"]
     fault = FaultSpec(kind="straggler", host=6, gpu=1, start_s=0, severity=1.3)
     cfg = R(BASE, job="q-river", faults=[fault], seed=2, duration_s=40)
