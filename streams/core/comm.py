@@ -193,9 +193,10 @@ class CommDetector:
         n = arrays["host_idx"].size if "host_idx" in arrays else 0
         if len(arrays) != len(_RANK_ARRAYS) or any(a.shape != (n,) for a in arrays.values()):
             raise ck.CheckpointError("comm checkpoint: rank table arrays missing or uneven")
-        hi = arrays["host_idx"]
-        if hi.size and (hi.max() >= len(st.ranks.hosts) or hi.min() < -1):
-            raise ck.CheckpointError("comm checkpoint: a rank names a host not in its list")
+        for k, names in (("host_idx", st.ranks.hosts), ("nic_idx", st.ranks.nics)):
+            ix = arrays[k]
+            if ix.size and (int(ix.max()) >= len(names) or int(ix.min()) < -1):
+                raise ck.CheckpointError(f"comm checkpoint: a rank's {k} is not in its list")
         t.hosts, t.nics, t.n = list(st.ranks.hosts), list(st.ranks.nics), n
         t._host_ix = {h: i for i, h in enumerate(t.hosts)}
         t._nic_ix = {x: i for i, x in enumerate(t.nics)}

@@ -294,6 +294,8 @@ class HangDetector:
         st = ck.decode(data, cls.name, {cls._SCHEMA: _HangState})
         d = cls(config)
         for r, peer, is_send, e in st.conns:
+            if len(e) != 6:
+                raise ck.CheckpointError(f"hang state: a connection has {len(e)} figures, not 6")
             d.pconns.by_rank.setdefault(r, {})[(peer, is_send)] = list(e)
         d._target, d._since = st.target, st.since
         d._reported, d._silent_reported = dict(st.reported), set(st.silent_reported)

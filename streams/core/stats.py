@@ -106,6 +106,13 @@ def quantile_from_state(p: float, data: bytes | None) -> rstats.Quantile:
     q = rstats.Quantile(p)
     if data is None:
         return q
+    # checked here, not by Rust: its decoder panics (loudly) on short input. Layout:
+    # the quantile, 4 x 5 markers (f64, little-endian), the count (<= 5), a flag.
+    if len(data) != _P2_BYTES or data[-1] > 1 or data[-2] > 5:
+        raise CheckpointError(f"quantile state of {len(data)} bytes is not a P2 state")
+    floats = np.frombuffer(data[: _P2_BYTES - 2], "<f8")
+    if floats[0] != p or not np.isfinite(floats).all():
+        raise CheckpointError(f"quantile state is not a finite p{p * 100:g} state")
     try:
         q._quantile.__setstate__(data)
     except BaseException as err:  # a Rust decode error surfaces as a panic exception
@@ -114,6 +121,9 @@ def quantile_from_state(p: float, data: bytes | None) -> rstats.Quantile:
         raise CheckpointError(f"quantile state unreadable: {err}") from None
     q._is_updated = True
     return q
+
+
+_P2_BYTES = 8 + 4 * 5 * 8 + 2
 
 
 class NormalModel:

@@ -24,7 +24,11 @@ from streams.core import (
     PolicyConfig,
 )
 from streams.core import checkpoint as ck
+from streams.core.comm import _CommState
 from streams.verdicts import Verdict, encode_verdict
+
+
+R = msgspec.structs.replace
 
 
 class _Evil:
@@ -128,3 +132,17 @@ def test_router_dead_letters_a_forged_checkpoint_and_starts_afresh(tmp_path: Pat
     out2 = runner.process([Record("v", 0, 1, None, encode_verdict(verdict), 1)])
     assert [d.source for d in out2.deadletters] == ["checkpoint:correlator-0"]
     assert not marker.exists()
+
+
+def test_bad_state_inside_a_well_formed_checkpoint_is_refused(
+    detectors: dict[str, CommDetector],
+) -> None:
+    good = next(iter(detectors.values())).to_bytes()
+    st = ck.decode(good, "comm", {1: _CommState})
+    for bad, why in [
+        (R(st, model=R(st.model, op50=b"\x00" * 170)), "quantile state"),
+        (R(st, model=R(st.model, op90=b"junk")), "quantile state"),
+        (R(st, ranks=R(st.ranks, hosts=[])), "host_idx is not in its list"),
+    ]:
+        with pytest.raises(ck.CheckpointError, match=why):
+            CommDetector.from_bytes(ck.encode("comm", 1, bad), DetectConfig())
