@@ -280,12 +280,15 @@ class CommDetector:
             t.last_op_seq[r[last]] = s[last]
             v.model.learn_ops(x)
             distinct = sorted(set(s_list))
+        st = cp = empty
         if prog:
-            t.started[rp] = np.array([e.started for e in prog], np.int64)
-            t.completed[rp] = np.array([e.completed for e in prog], np.int64)
+            st = np.array([e.started for e in prog], np.int64)
+            cp = np.array([e.completed for e in prog], np.int64)
+            t.started[rp] = st
+            t.completed[rp] = cp
             t.inflight_us[rp] = np.array([e.inflight_us or 0.0 for e in prog], np.float64)
             t.prog_recv[rp] = v.now
-        return Batch(ops, r, s, ts, x, distinct, prog, rp)
+        return Batch(ops, r, s, ts, x, distinct, prog, rp, st, cp)
 
     # ------------------------------------------------------------------ judging
     def _tick(self) -> Output:

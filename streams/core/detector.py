@@ -61,6 +61,9 @@ class Batch:
     """The batch's distinct seqs, ascending."""
     prog: list[ProgressEvent]
     prog_rank: np.ndarray
+    """Progress events' rank, in arrival order; ``started``, ``completed`` alike."""
+    started: np.ndarray
+    completed: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,6 +229,11 @@ class HangDetector:
         if not batch.prog:
             return
         pc = self.pconns
+        if not (batch.started > batch.completed).any():  # the usual case: nothing in flight
+            if pc.by_rank:
+                for rank in batch.prog_rank.tolist():
+                    pc.by_rank.pop(rank, None)
+            return
         # per-connection progress matters only for in-flight ops; events in order, since
         # a rank may report twice in one batch
         for e in batch.prog:
