@@ -27,7 +27,6 @@ from streams.core import checkpoint as ck
 from streams.core.comm import _CommState
 from streams.verdicts import Verdict, encode_verdict
 
-
 R = msgspec.structs.replace
 
 
