@@ -72,7 +72,10 @@ class CoreEngine:
         return self._core.CommDetector(comm, self.detect)
 
     def load_detector(self, comm: str, data: bytes) -> DetectorLike:
-        return self._core.CommDetector.from_bytes(data, self.detect)
+        det = self._core.CommDetector.from_bytes(data, self.detect)
+        if det.comm != comm:  # another key's state: refuse, as any foreign checkpoint
+            raise ValueError(f"a checkpoint of communicator {det.comm!r} under key {comm!r}")
+        return det
 
     def new_correlator(self) -> CorrelatorLike:
         return self._core.HostCorrelator(self.policy)

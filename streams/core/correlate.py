@@ -56,6 +56,7 @@ from streams.core.findings import (
     SlowEvidence,
     StragglerEvidence,
     Waiting,
+    comm_facts,
     evidence_of,
     observation_of,
 )
@@ -124,8 +125,8 @@ class HostCorrelator:
         field has the wrong type); returns the commands it decided."""
         v = verdict
         self.now = max(self.now, v.ts_us)
-        hosts = v.evidence.get("comm_hosts")
-        if isinstance(hosts, int) and hosts > self.job_hosts.get(v.job, 0):
+        hosts = comm_facts(v.evidence).comm_hosts
+        if hosts > self.job_hosts.get(v.job, 0):
             self.job_hosts[v.job] = hosts
         if v.benign:
             note = observation_of(v.evidence)

@@ -38,6 +38,7 @@ __all__ = [
     "SlowEvidence",
     "StragglerEvidence",
     "Waiting",
+    "comm_facts",
     "evidence_of",
     "observation_of",
 ]
@@ -117,6 +118,15 @@ _EVIDENCE: dict[str, type[Evidence]] = {
     "slow_nic": SlowEvidence,
     "slow_link": SlowEvidence,
 }
+
+
+def comm_facts(evidence: dict[str, Any]) -> Evidence:
+    """What any verdict's evidence says about its communicator (findings and notes
+    alike carry these three fields)."""
+    try:
+        return msgspec.convert(evidence, Evidence)
+    except msgspec.ValidationError as err:
+        raise ValueError(f"verdict evidence: {err}") from None
 
 
 def evidence_of(fault: str, evidence: dict[str, Any]) -> Evidence:

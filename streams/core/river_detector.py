@@ -49,8 +49,11 @@ FEATURES = ("lateness", "last_frac", "exec_ratio")
 def make_model(cfg: RiverConfig) -> AnomalyDetector:
     """A fresh model of the configured ``river.anomaly`` class; ``ValueError`` otherwise.
 
-    >>> make_model(RiverConfig(model="LODA"))  # doctest: +ELLIPSIS
+    >>> make_model(RiverConfig(model="LODA", params={"n_bins": 8}))  # doctest: +ELLIPSIS
     LODA (...)
+    >>> make_model(RiverConfig(model="LODA"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: [worker.detect.river] params for LODA: ... argument 'window_size'
     """
     cls = getattr(anomaly, cfg.model, None)
     if not (inspect.isclass(cls) and issubclass(cls, AnomalyDetector)):
