@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from river import anomaly
+from river.base import AnomalyDetector
 
 from streams.commands import Action, Fault
 
@@ -58,8 +60,18 @@ class RiverConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     model ranks; the physics of a collective keeps jitter out)."""
     seed: int = 42
 
+    def __post_init__(self) -> None:
+        # a name inside river.anomaly, never a dotted path: nothing else can be built
+        cls = getattr(anomaly, self.model, None) if not self.model.startswith("_") else None
+        if not (isinstance(cls, type) and issubclass(cls, AnomalyDetector)):
+            names = [n for n in anomaly.__all__ if issubclass(getattr(anomaly, n), AnomalyDetector)]
+            raise ValueError(
+                f"river model {self.model!r} is not a river.anomaly detector; "
+                f"use one of {', '.join(sorted(names))}"
+            )
 
-class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
+
+class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Thresholds and windows of the per-communicator detectors (times in µs).
 
     Defaults suit a training job with iterations of ~0.1-2 s and heartbeats every ~1 s.
@@ -93,9 +105,6 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
     # --- straggler ---------------------------------------------------------------
     seq_ring: int = 64
     """Collectives kept per communicator to align ranks by sequence number."""
-    seq_close_us: int = 3_000_000
-    """Unused since collectives are judged once per window (kept so configs that set it
-    still load)."""
     min_present_frac: float = 0.8
     """A collective is used only when this fraction of its ranks reported it."""
     straggler_min_seqs: int = 5
@@ -106,11 +115,6 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
     """... and its peers waited at least this fraction longer than it, on median."""
     straggler_min_z: float = 4.0
     """... and its lateness stands this many robust standard deviations above the others."""
-    learn_lateness: bool = False
-    """Unused: a rank's own history is no longer its reference (a GPU slow from the first
-    collective would be learned as normal); peers are. Kept so configs that set it load."""
-    lateness_alpha: float = 0.1
-    """Unused (see ``learn_lateness``)."""
 
     # --- slow connection ---------------------------------------------------------
     conn_sample_every: int = 2
@@ -125,7 +129,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Inter-host connections per window needed before the throughput matrix is judged."""
 
 
-class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True):
+class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Safety rails between verdicts and isolation commands (times in µs)."""
 
     dry_run: bool = True

@@ -135,8 +135,8 @@ def test_state_is_bounded_per_rank(name: str) -> None:
 
 def test_the_example_river_config_builds_its_detectors() -> None:
     path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "worker-river.toml"
-    detect = tomllib.loads(path.read_text())["worker"]["detect"]
-    engine = CoreEngine(detect=detect)
+    detect = msgspec.convert(tomllib.loads(path.read_text())["worker"]["detect"], DetectConfig)
+    engine = CoreEngine(detect)
     names = [d.name for d in engine.new_detector("0xa").detectors]
     assert names == ["hang", "river", "slow_conn"]
     assert engine.detect.river.params["window_size"] == 16

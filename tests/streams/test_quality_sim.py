@@ -10,13 +10,16 @@ Print the figures with ``pytest tests/streams/test_quality_sim.py -q -s``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
 from producers.simulator import SCENARIOS, BenignSpec, FaultSpec, SimConfig, ground_truth, simulate
+from streams.app import WorkerConfigError, load_worker_config
 from streams.app.engine import CoreEngine
 from streams.core import DetectionPipeline
-from streams.core.score import Score, score_commands
+from streams.scoring import RunScore, score_commands
 
 R = msgspec.structs.replace
 BASE = R(SCENARIOS["healthy"], hosts=16, gpus_per_host=8, duration_s=70)  # 128 GPUs
@@ -34,6 +37,8 @@ FAULTS: dict[str, tuple[FaultSpec, float]] = {
     "link_hang": (FaultSpec(kind="link_hang", host=4, nic=2, peer_host=5, start_s=37.2), 10),
 }
 
+RIVER_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "worker-river.toml"
+
 # present from the first collective: a restarted job with a degraded node still in it
 FROM_START: dict[str, tuple[FaultSpec, float]] = {
     "straggler_1.15_t0": (FaultSpec(kind="straggler", host=9, gpu=4, start_s=0, severity=1.15), 30),
@@ -49,7 +54,7 @@ BENIGN_MIX = [
 ]
 
 
-def detect(cfg: SimConfig) -> tuple[Score, DetectionPipeline]:
+def detect(cfg: SimConfig) -> tuple[RunScore, DetectionPipeline]:
     pipe = DetectionPipeline()
     for batch in simulate(cfg):
         pipe.feed(batch)
@@ -70,18 +75,18 @@ def test_fault_found_in_time_without_false_isolations(name: str) -> None:
     [res] = score.faults
     print(f"\n{name}: found={res.found} latency_s={res.latency_s} "
           f"false_isolations={score.false_isolations}")  # fmt: skip
-    assert res.found, f"{name} not found; commands: {[_fmt(c) for c in score.false_commands]}"
+    assert res.found, f"{name} not found; commands: {[_fmt(c) for c in score.false_decisions]}"
     assert res.latency_s is not None and res.latency_s <= budget
-    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_decisions]
 
 
 @pytest.mark.timeout(60)
 def test_faults_and_benign_together_demo() -> None:
     score, _ = detect(R(SCENARIOS["demo"], seed=3))
-    print(f"\ndemo: {[(f.kind, f.found, f.latency_s) for f in score.faults]} "
+    print(f"\ndemo: {[(f.fault_id, f.found, f.latency_s) for f in score.faults]} "
           f"false_isolations={score.false_isolations}")  # fmt: skip
     assert score.all_found
-    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_decisions]
 
 
 @pytest.mark.timeout(90)
@@ -91,7 +96,7 @@ def test_benign_only_traces_isolate_nothing(seed: int, hosts: int) -> None:
     score, pipe = detect(cfg)
     print(f"\nbenign seed={seed} gpus={hosts * 8}: false_isolations={score.false_isolations} "
           f"verdicts={sum(not v.benign for v in pipe.verdicts)}")  # fmt: skip
-    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_decisions]
     assert pipe.n_events > 10_000
 
 
@@ -119,14 +124,11 @@ def test_a_structurally_late_role_is_not_isolated() -> None:
 
 
 @pytest.mark.timeout(90)
-def test_a_river_model_enabled_by_configuration_reaches_the_correlator() -> None:
-    """``[worker.detect] detectors = ["hang", "river", "slow_conn"]``: stragglers come
-    from river's HalfSpaceTrees alone, and its verdicts are what the command rests on."""
-    detect = {
-        "detectors": ["hang", "river", "slow_conn"],
-        "river": {"model": "HalfSpaceTrees", "threshold": 0.8},
-    }
-    engine = CoreEngine(detect=detect)
+def test_a_river_model_enabled_by_configuration_reaches_the_correlator(tmp_path: Path) -> None:
+    """``docs/examples/worker-river.toml`` (``detectors = ["hang", "river", "slow_conn"]``)
+    read as the worker reads its file: stragglers come from river's HalfSpaceTrees
+    alone, and its verdicts are what the command rests on."""
+    engine = CoreEngine(load_worker_config(RIVER_EXAMPLE).detect)
     assert [d.name for d in engine.new_detector("x").detectors] == ["hang", "river", "slow_conn"]
     fault = FaultSpec(kind="straggler", host=6, gpu=1, start_s=0, severity=1.3)
     cfg = R(BASE, job="q-river", faults=[fault], seed=2, duration_s=40)
@@ -140,5 +142,9 @@ def test_a_river_model_enabled_by_configuration_reaches_the_correlator() -> None
     river = [v for v in pipe.verdicts if v.fault == "straggler" and not v.benign]
     assert river and all(v.evidence["model"] == "HalfSpaceTrees" for v in river)
     assert all(0.8 <= v.evidence["anomaly_score"] <= 1.0 for v in river)
-    with pytest.raises(ValueError, match="not a river.anomaly detector"):
-        CoreEngine(detect={"detectors": ["river"], "river": {"model": "os.system"}})
+    bad = tmp_path / "c4stream.toml"
+    bad.write_text(
+        '[worker.detect]\ndetectors = ["river"]\n[worker.detect.river]\nmodel = "os.system"\n'
+    )
+    with pytest.raises(WorkerConfigError, match="not a river.anomaly detector"):
+        load_worker_config(bad)
