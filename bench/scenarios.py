@@ -7,7 +7,7 @@ the faulty host/GPU/NIC, and the fault's start (20–30 s, after the detectors'
 start-up). Slow faults and benign runs last 60–75 s; hang runs last until 615 s
 after the hang so that the 10-minute watchdog baseline gets its chance to fire.
 
-Default: 6 seeds per group (90 runs); ``--quick``: 2 seeds at 128 and 256 GPUs.
+Default: 6 seeds per group (108 runs); ``--quick``: 2 seeds at 128 and 256 GPUs.
 
 Groups:
 
