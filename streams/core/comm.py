@@ -133,9 +133,11 @@ class CommDetector:
         rp = np.array([e.rank for e in prog], np.int64)
         tsp_l = [e.ts_us for e in prog]
         ts_max = max(max(tso_l) if ops else -1, max(tsp_l) if prog else -1)
-        out: Output = []
+        out: list[Verdict] = []
         if ts_max > v.now:
-            out += self._roll_window(ts_max)
+            # a closed window's findings carry the clock at which its evidence was
+            # complete: the newest event before the one that closed it
+            out = self._verdicts(self._roll_window(ts_max))
             v.now = ts_max
         if v.first_us < 0:
             v.first_us = v.now
@@ -147,17 +149,16 @@ class CommDetector:
         batch = self._batch(ops, ro, tso_l, prog, rp)
         for d in self.detectors:
             d.learn(v, batch)
-        out += self._tick()
-        return self._verdicts(out)
+        return out + self._verdicts(self._tick())
 
     def advance(self, now_us: int) -> list[Verdict]:
         """The event-time clock moved on (maybe without events here): hangs, silence."""
         v = self.view
         if now_us <= v.now or v.first_us < 0:
             return []
-        out = self._roll_window(now_us)
+        out = self._verdicts(self._roll_window(now_us))  # stamped as in observe()
         v.now = now_us
-        return self._verdicts(out + self._tick())
+        return out + self._verdicts(self._tick())
 
     def to_bytes(self) -> bytes:
         """A checkpoint: versioned msgpack (:mod:`streams.core.checkpoint`), no pickle."""
