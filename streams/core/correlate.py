@@ -291,6 +291,13 @@ class HostCorrelator:
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
         comp, chosen = self._component(fault, list(best.values()))
+        if fault == "straggler" and _gpu_unclear(comp, list(best.values())):
+            # the host is late in communicators across hosts on several GPUs alike
+            # (one slow GPU holds its host-mates up): its host's own communicator names
+            # the GPU; wait two more windows for it, then name the host
+            if len(windows) < cfg.slow_min_windows + 2:
+                return None
+            comp, chosen = (None, None, None), list(best.values())
         if fault == "noncomm_hang" and comp[0] is not None:
             first = min(e.ts for e in live)
             if self._silent_gpus(job, host, first) - {comp[0]}:  # its other GPUs went quiet
@@ -412,6 +419,15 @@ class HostCorrelator:
         )
 
 
+def _gpu_unclear(comp: tuple, entries: list[_Entry]) -> bool:
+    """The chosen GPU is not told apart: other GPUs of the host are late too, and no
+    communicator inside the host (which would name the one holding them up) voted
+    for it. (Votes cannot decide: the communicators' windows arrive one by one.)"""
+    if comp[0] is None or any(e.intra and e.comp[0] == comp[0] for e in entries):
+        return False
+    return any(e.comp[0] != comp[0] for e in entries)
+
+
 def ep_in_cooldown(c: HostCorrelator, key: tuple[str, str, str]) -> bool:
     return c.episodes[key].decided != "" and (key[0], key[1]) in c.cooldown
 
@@ -450,6 +466,13 @@ def _reason(
             if vs
             else f"its peers spent {px:.1f}x its kernel time"
         )
+        if gpu is None:  # several GPUs alike: the host
+            gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None})
+            return (
+                f"{host} is a straggler: its GPUs {', '.join(map(str, gpus))} arrived last "
+                f"in {last:.0%} of {n} collectives on {on} over {span}, {wait}; no "
+                "communicator inside the host names one GPU."
+            )
         return (
             f"{host} GPU {gpu} is a straggler: it arrived last in {last:.0%} of {n} "
             f"collectives on {on} over {span}, {wait}."
