@@ -208,6 +208,7 @@ class CommDetector:
         for d in obj.detectors:
             d.grow(n)
         obj.window_idx, obj.n_events = st.window_idx, st.n_events
+        obj._all_known = n > 0 and bool((t.host_idx >= 0).all())
         obj._next_tick, obj._census_hosts = st.next_tick, st.census_hosts
         return obj
 
