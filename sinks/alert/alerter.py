@@ -52,7 +52,9 @@ class Alerter:
         self.include_verdicts = include_verdicts
         self.include_bookkeeping = include_bookkeeping
         self.clock = clock
+        self._started = clock()
         self._refreshed: dict[str, float] = {}
+        """Per refreshing target: when open alerts were last re-posted."""
 
     @classmethod
     def from_config(
@@ -130,7 +132,7 @@ class Alerter:
         for name, target in self.delivery.targets.items():
             if not target.refreshes:
                 continue
-            last = self._refreshed.setdefault(name, now)
+            last = self._refreshed.setdefault(name, self._started)
             if now - last < target.destination.refresh_interval_s:
                 continue
             self._refreshed[name] = now
