@@ -14,7 +14,7 @@ from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
 alert_app = typer.Typer(
     help=(
         "Post isolation commands and verdicts to ops chat (Slack, Mattermost, Teams, "
-        "DingTalk, Feishu/Lark, Discord, Alertmanager webhook). "
+        "DingTalk, Feishu/Lark, Discord, Alertmanager API or webhook format). "
         "Run: c4stream alert --bootstrap HOST:PORT --config alert.toml · "
         "check destinations: c4stream alert test --config alert.toml"
     ),
