@@ -4,7 +4,9 @@
 
 * a contract JSON-lines trace (plain or gzip; one event or an array per line);
 * an NCCL Inspector dump directory (``<host>-pid<pid>.log`` JSON lines) or one such file;
-* PyTorch Flight Recorder dumps (pickle or JSON), one file per rank, or a directory of them;
+* PyTorch Flight Recorder dumps (pickle or JSON), one file per rank, or a directory of them:
+  the dumps of one directory are one snapshot (every rank's dump taken at one moment),
+  read together so that group membership can come from the dumps themselves;
 * a directory mixing these: every regular, non-hidden file in it is sniffed on its own.
 
 Each file is recognised by its first bytes, not its name (``sniff``). Everything comes
@@ -48,7 +50,10 @@ from typing import Literal
 import msgspec
 
 from producers.events import Event
-from producers.formats.flight_recorder import looks_like_flight_recorder, read_flight_recorder
+from producers.formats.flight_recorder import (
+    looks_like_flight_recorder,
+    read_flight_recorder_snapshot,
+)
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
 from producers.traces import BadLine, TraceLine, read_trace
 
@@ -87,6 +92,9 @@ class SourceBatch:
     events: list[Event]
     raw: bytes | None = None
     """The original contract JSON line (stripped) for traces; ``None`` for converted input."""
+    snapshot: str | None = None
+    """For Flight Recorder dumps: the snapshot (directory of per-rank dumps taken at one
+    moment) they belong to; a consumer can judge a snapshot as a whole."""
 
     @property
     def ts_us(self) -> int:
@@ -158,10 +166,15 @@ def _read_file(path: Path, kind: Kind, job: str, on_bad: OnBad | None) -> Iterat
         for lineno, ev in read_inspector_file(path, job=job, on_bad=on_bad):
             yield SourceBatch(f"{name}:{lineno}", [ev])
     else:
-        events = read_flight_recorder(path, job=job, on_bad=on_bad)
-        # One batch per event keeps the merged stream in event time; the dump is one unit.
+        yield from _read_snapshot([path], job, on_bad)
+
+
+def _read_snapshot(paths: list[Path], job: str, on_bad: OnBad | None) -> Iterator[SourceBatch]:
+    """One batch per event keeps the merged stream in event time; each dump is one unit."""
+    snap = str(paths[0].parent)
+    for path, events in read_flight_recorder_snapshot(paths, job=job, on_bad=on_bad):
         for ev in events:
-            yield SourceBatch(f"{name}:0", [ev])
+            yield SourceBatch(f"{path}:0", [ev], snapshot=snap)
 
 
 def open_source(
@@ -192,6 +205,7 @@ def open_sources(
     then read lazily: memory stays bounded by one batch per file.
     """
     streams: list[Iterator[SourceBatch]] = []
+    snapshots: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
     for path in paths:
         p = Path(path)
         the_job = job or inspector_job_from_dir(p if p.is_dir() else p.parent)
@@ -200,7 +214,12 @@ def open_sources(
                 kind = sniff(f)
             except OSError as err:
                 raise SourceError(f"{f}: cannot read: {err}") from None
-            streams.append(_read_file(f, kind, the_job, on_bad))
+            if kind == "flight_recorder":
+                snapshots.setdefault((f.parent, the_job), []).append(f)
+            else:
+                streams.append(_read_file(f, kind, the_job, on_bad))
+    for (_, the_job), files in snapshots.items():
+        streams.append(_read_snapshot(files, the_job, on_bad))
     if len(streams) == 1:
         return streams[0]
     return heapq.merge(*streams, key=lambda b: b.ts_us)
