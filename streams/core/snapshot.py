@@ -47,6 +47,7 @@ h2 (rank 2 of 0) has not started collective 61 while 3 peers have waited 4.0 s i
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -171,10 +172,11 @@ def judge_snapshot(events: Sequence[Event], config: DetectConfig) -> list[Verdic
         for r, ops in comm.ops.items():
             key = comm.ident[r][:2]
             newest[key] = max(newest.get(key, -1), *(_when(o) for o in ops.values()))
+    released = _Releases(comms)
     out: list[Verdict] = []
     for comm in comms.values():
         out += _judge_hang(comm, config, blocked, newest)
-        out += _judge_stragglers(comm, config)
+        out += _judge_stragglers(comm, config, released)
     out.sort(key=lambda v: (v.ts_us, v.comm, v.host))
     return out
 
@@ -262,6 +264,44 @@ def _stopped_at(
 
 
 # --- stragglers -------------------------------------------------------------------------
+class _Releases:
+    """When each rank was released from its previous collective (any group).
+
+    A collective ends no earlier than its last member's arrival, so the latest enqueue
+    time among its members is when it released them (enqueue times; one clock)."""
+
+    def __init__(self, comms: dict[str, _Comm]) -> None:
+        self._comms = comms
+        self._by_rank: dict[tuple[str, int | None], list[tuple[int, str, int]]] = {}
+        for c in comms.values():
+            for r, ops in c.ops.items():
+                mine = self._by_rank.setdefault(c.ident[r][:2], [])
+                mine += [(o.enq_us, c.comm, s) for s, o in ops.items() if o.enq_us is not None]
+        for v in self._by_rank.values():
+            v.sort()
+        self._release: dict[tuple[str, int], float] = {}
+
+    def _release_of(self, comm: str, seq: int) -> float:
+        key = (comm, seq)
+        if key not in self._release:
+            c = self._comms[comm]
+            t = [ops[seq].enq_us for ops in c.ops.values()
+                 if seq in ops and ops[seq].enq_us is not None]  # fmt: skip
+            # incomplete record of who arrived: the release is unknown (no correction)
+            self._release[key] = float(max(t)) if len(t) >= c.nranks else -np.inf
+        return self._release[key]
+
+    def before(self, c: _Comm, rank: int, seq: int, arrival_us: float) -> float:
+        """The release of ``rank``'s collective before the one it enqueued at
+        ``arrival_us`` (``-inf`` when unknown)."""
+        mine = self._by_rank.get(c.ident[rank][:2], [])
+        i = bisect_left(mine, (int(arrival_us), c.comm, seq))
+        if i == 0:
+            return -np.inf
+        _, comm, prev = mine[i - 1]
+        return self._release_of(comm, prev)
+
+
 @dataclass(slots=True)
 class _Arrivals:
     """Collectives × ranks: arrival order of the collectives every member recorded."""
@@ -279,7 +319,7 @@ class _Arrivals:
     """True: from kernel times; False: from enqueue times."""
 
 
-def _arrivals(c: _Comm, cfg: DetectConfig) -> _Arrivals | None:
+def _arrivals(c: _Comm, cfg: DetectConfig, released: _Releases) -> _Arrivals | None:
     n = c.nranks
     if n < 3 or len(c.ops) < 3:
         return None
@@ -316,13 +356,20 @@ def _arrivals(c: _Comm, cfg: DetectConfig) -> _Arrivals | None:
     if timed:  # the last one's kernel ran only the collective; the others waited the rest
         gap[k, last] = x[k, second] - x[k, last]
     else:
-        gap[k, last] = x[k, last] - x[k, second]
+        # Only the part of the gap after the last rank was released from its previous
+        # collective is its own doing: a rank held up in another group (waiting for
+        # someone there) arrives late here through no fault of its own.
+        seq_of = np.array(seqs)[rows]
+        rel = np.array([released.before(c, int(r), int(s), float(x[i, r]))
+                        for i, (r, s) in enumerate(zip(last, seq_of, strict=True))])  # fmt: skip
+        gap[k, last] = x[k, last] - np.maximum(x[k, second], rel)
+        np.maximum(gap, 0.0, out=gap)
     gap[np.isnan(x)] = np.nan
     return _Arrivals(np.nanmedian(ts[rows], axis=1), arrive, gap, timed)
 
 
-def _judge_stragglers(c: _Comm, cfg: DetectConfig) -> list[Verdict]:
-    a = _arrivals(c, cfg)
+def _judge_stragglers(c: _Comm, cfg: DetectConfig, released: _Releases) -> list[Verdict]:
+    a = _arrivals(c, cfg, released)
     if a is None:
         return []
     # Windows: event-time windows of the stream's length; when the history is shorter
