@@ -82,9 +82,6 @@ class OpEvent(_Identity, tag="op"):
     algo: str | None = None
     proto: str | None = None
     conns: list[Conn] | None = None
-    enq_us: int | None = None
-    """When this rank enqueued (arrived at) the op, by its own clock (Flight Recorder's
-    ``time_created_ns``): arrival order where no kernel time is recorded."""
 
 
 class ProgressEvent(_Identity, tag="progress"):

@@ -391,7 +391,9 @@ def _op_events(
 
     Finished: ``state == "completed"`` where the backend records states (NCCL), else
     ``retired`` (gloo retires an entry when its work ends). Without a recorded
-    completion, ``ts_us`` is the enqueue time and ``exec_us`` 0 (not timed).
+    completion, ``ts_us`` is the enqueue time (``time_created_ns``, the rank's arrival
+    at the collective) and ``exec_us`` 0 (not timed): readers of untimed ops take
+    ``ts_us`` as the arrival time.
     """
     done: dict[int, OpEvent] = {}
     for e in mine:
@@ -427,7 +429,6 @@ def _op_events(
             seq=seq,
             bytes=nbytes,
             exec_us=exec_us,
-            enq_us=created_ns // 1000 if created_ns else None,
         )
     return list(done.values())
 

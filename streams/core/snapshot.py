@@ -19,7 +19,8 @@ never entered it: a collective cannot complete without every member, so it ended
 arrive is the one the others wait for. Arrival is read, by preference, from kernel
 times (within-rank durations, NCCL with ``TORCH_NCCL_ENABLE_TIMING``: the last to
 arrive has the *shortest* time, see :mod:`streams.core.straggler`), else from enqueue
-times (``enq_us``, gloo). Enqueue times of different ranks are compared directly: valid
+times (gloo: its ops carry no kernel time, ``exec_us`` 0, and ``ts_us`` is when the rank
+enqueued the collective). Enqueue times of different ranks are compared directly: valid
 for ranks on one host (one clock) and across hosts only when their clocks are
 synchronized well below the lateness in question. A straggler arrives last in most
 collectives (``straggler_last_frac``) and its peers' wait for it is a sizable share of
@@ -183,7 +184,7 @@ def judge_snapshot(events: Sequence[Event], config: DetectConfig) -> list[Verdic
 
 # --- hangs ----------------------------------------------------------------------------
 def _when(o: OpEvent) -> int:
-    return o.enq_us if o.enq_us is not None else o.ts_us
+    return o.ts_us
 
 
 def _judge_hang(
@@ -267,8 +268,9 @@ def _stopped_at(
 class _Releases:
     """When each rank was released from its previous collective (any group).
 
-    A collective ends no earlier than its last member's arrival, so the latest enqueue
-    time among its members is when it released them (enqueue times; one clock)."""
+    A collective ends no earlier than its last member's arrival, so the latest ``ts_us``
+    among its members (their enqueue times when untimed, completions when timed) is
+    when it released them (one clock, or synchronized clocks)."""
 
     def __init__(self, comms: dict[str, _Comm]) -> None:
         self._comms = comms
@@ -276,7 +278,7 @@ class _Releases:
         for c in comms.values():
             for r, ops in c.ops.items():
                 mine = self._by_rank.setdefault(c.ident[r][:2], [])
-                mine += [(o.enq_us, c.comm, s) for s, o in ops.items() if o.enq_us is not None]
+                mine += [(o.ts_us, c.comm, s) for s, o in ops.items()]
         for v in self._by_rank.values():
             v.sort()
         self._release: dict[tuple[str, int], float] = {}
@@ -285,8 +287,7 @@ class _Releases:
         key = (comm, seq)
         if key not in self._release:
             c = self._comms[comm]
-            t = [ops[seq].enq_us for ops in c.ops.values()
-                 if seq in ops and ops[seq].enq_us is not None]  # fmt: skip
+            t = [ops[seq].ts_us for ops in c.ops.values() if seq in ops]
             # incomplete record of who arrived: the release is unknown (no correction)
             self._release[key] = float(max(t)) if len(t) >= c.nranks else -np.inf
         return self._release[key]
@@ -336,8 +337,8 @@ def _arrivals(c: _Comm, cfg: DetectConfig, released: _Releases) -> _Arrivals | N
             ts[i, r] = o.ts_us
             if o.exec_us > 0:
                 ex[i, r] = o.exec_us
-            if o.enq_us is not None:
-                enq[i, r] = o.enq_us
+            else:  # untimed: ts_us is the enqueue time (Flight Recorder, gloo)
+                enq[i, r] = o.ts_us
     need = max(3, cfg.min_present_frac * n)
     timed_rows = (~np.isnan(ex)).sum(axis=1) >= need
     enq_rows = (~np.isnan(enq)).sum(axis=1) >= need
