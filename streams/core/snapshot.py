@@ -159,14 +159,11 @@ def _by_comm(events: Sequence[Event]) -> dict[str, _Comm]:
 def judge_snapshot(events: Sequence[Event], config: DetectConfig) -> list[Verdict]:
     """Verdicts of one snapshot (all ranks' dumps taken at one moment), in time order."""
     comms = _by_comm(events)
-    # A rank (host, GPU) sitting inside a collective of some group cannot enter another:
-    # being behind elsewhere is not its fault.
-    blocked = {
-        comm.ident[r][:2]
-        for comm in comms.values()
-        for r, p in comm.progress.items()
-        if p.started > p.completed
-    }
+    # A rank (host, GPU) waiting inside a collective of some group for a member that has
+    # not arrived cannot enter another: being behind elsewhere is not its fault. (A
+    # collective every member entered holds nobody back: gloo may not have retired it
+    # yet when the dump is taken.)
+    blocked = {comm.ident[r][:2] for comm in comms.values() for r in _waiting_for_someone(comm)}
     # Each rank's newest recorded collective over all its groups (its own clock).
     newest: dict[tuple[str, int | None], int] = {}
     for comm in comms.values():
@@ -183,6 +180,15 @@ def judge_snapshot(events: Sequence[Event], config: DetectConfig) -> list[Verdic
 
 
 # --- hangs ----------------------------------------------------------------------------
+def _waiting_for_someone(c: _Comm) -> list[int]:
+    """Ranks in a collective that some member of this group has not entered."""
+    prog = c.progress
+    low = min((p.started for p in prog.values()), default=0)
+    if len(prog) < c.nranks:
+        low = 0  # a member without a dump: it may not have arrived
+    return [r for r, p in prog.items() if p.started > p.completed and p.started > low]
+
+
 def _when(o: OpEvent) -> int:
     return o.ts_us
 
