@@ -1,34 +1,40 @@
-"""PyTorch NCCL Flight Recorder dumps → contract ``progress`` and ``op`` events.
+"""PyTorch Flight Recorder dumps → contract ``progress`` and ``op`` events.
 
-PyTorch's ProcessGroupNCCL keeps a ring buffer of its last collectives
-(``TORCH_NCCL_TRACE_BUFFER_SIZE``) and dumps it per rank, usually when the watchdog
-times out, to ``${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-/tmp/nccl_trace_rank_}<rank>``: a
-pickle of builtin dicts/lists/tuples/str/int/float/bool/None (``FlightRecorder::dump``,
-pickled without type tags) or, from the JSON API, the same document as JSON with the
-``pg_config``/``pg_status`` values as strings and absent timestamps as ``0``. Keys read
-(``torch/csrc/distributed/c10d/FlightRecorder.hpp``, dump ``version`` "2.x"):
+PyTorch keeps a ring buffer of each process group's last collectives
+(``TORCH_FR_BUFFER_SIZE``, alias ``TORCH_NCCL_TRACE_BUFFER_SIZE``, default 2000) and
+dumps it per rank to ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` (default
+``~/.cache/torch/comm_lib_trace_rank_<rank>``; older releases: ``/tmp/nccl_trace_rank_``):
+a pickle of builtin dicts/lists/tuples/str/int/float/bool/None (pickled without type
+tags) or, from the JSON API, the same document as JSON with the ``pg_config``/
+``pg_status`` values as strings and absent timestamps as ``0``. Keys read
+(``torch/csrc/distributed/c10d/FlightRecorder.hpp``, dump ``version`` "2.x"; checked
+against real torch 2.15 gloo dumps, version "2.10"):
 
-* ``pg_config``: ``{group_name: {"name", "desc", "ranks": "[0, 1, …]"}}``
+* ``pg_config``: ``{group_name: {"name", "desc", "ranks": "[0, 1, …]"}}`` — unusable
+  from ProcessGroupGloo (``{'': {'name': '', 'ranks': '[0, 1]'}}`` on every rank), so
+  membership also comes from the snapshot's entries (:func:`group_members`)
 * ``pg_status``: ``{str(pg_id): {"last_enqueued_collective", "last_started_collective",
-  "last_completed_collective"}}``
+  "last_completed_collective"}}`` (gloo keeps ``last_started_collective`` at -1)
 * ``entries``: ``[{"pg_id", "process_group": (name, desc), "collective_seq_id",
   "p2p_seq_id", "op_id", "profiling_name", "time_created_ns",
   "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ms"?,
-  "input_sizes", "input_dtypes", "state": scheduled|started|completed, "is_p2p",
-  "timeout_ms", …}]``
+  "input_sizes", "input_dtypes", "state": scheduled|started|completed, "retired",
+  "is_p2p", "timeout_ms", …}]`` (gloo: always ``scheduled``, no discovered times,
+  ``retired`` once its work ended)
 
 Mapping, per process group (communicator ``comm`` = group name):
 
-* one ``progress`` event at the dump time: ``started``/``completed`` =
-  ``last_started_collective``/``last_completed_collective`` (negative "none yet" → 0;
-  from the entries when ``pg_status`` is missing), ``inflight_op``/``inflight_us`` from
-  the oldest entry that started but did not complete;
-* one ``op`` event per completed collective (entries of one coalesced launch share a
+* one ``progress`` event at the dump time: ``started`` = ``last_started_collective``, or
+  ``last_enqueued_collective`` where the backend records no starts (gloo);
+  ``completed`` = ``last_completed_collective`` (negative "none yet" → 0; from the
+  entries when ``pg_status`` is missing); ``inflight_op``/``inflight_us`` from the oldest
+  collective started and not finished;
+* one ``op`` event per finished collective (entries of one coalesced launch share a
   ``collective_seq_id`` and are merged): ``seq`` = ``collective_seq_id``, ``op`` from
   ``profiling_name`` (``nccl:all_reduce`` → ``AllReduce``), ``bytes`` from
   ``input_sizes`` × dtype size, ``exec_us`` = ``duration_ms``·1000 (needs
-  ``TORCH_NCCL_ENABLE_TIMING=1``) else the watchdog's discovered completed − started,
-  ``ts_us`` = discovered completion time.
+  ``TORCH_NCCL_ENABLE_TIMING=1``) else the watchdog's discovered completed − started
+  else 0 (gloo), ``ts_us`` = discovered completion time, else (gloo) the enqueue time.
 
 The dump time is not in the file: it is the newest timestamp in the entries, moved up
 to the file's mtime when that lies within the largest ``timeout_ms`` (+1 min) after it —
