@@ -1,7 +1,7 @@
 """``c4stream detect`` on one snapshot: real PyTorch Flight Recorder dumps (torch 2.15,
 ProcessGroupGloo, written by tools/fr_capture/capture.py) and NCCL-format dumps.
 
-The capture's own record (``capture.json``: which rank was made faulty, at which
+The capture's own record (``captures.json``: which rank was made faulty, at which
 collective) is the ground truth; the dumps' mtimes, which git does not keep, are put
 back from it, as a dump on disk has them.
 """
@@ -27,7 +27,7 @@ NCCL = DATA / "flight_recorder"
 
 
 def _capture(case: str) -> dict:
-    return json.loads((REAL / case / "capture.json").read_text())
+    return json.loads((REAL / "captures.json").read_text())[case]
 
 
 def _snapshot(case: str, moment: str, fmt: str, tmp_path: Path, mtimes: bool = True) -> Path:
