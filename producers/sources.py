@@ -5,8 +5,9 @@
 * a contract JSON-lines trace (plain or gzip; one event or an array per line);
 * an NCCL Inspector dump directory (``<host>-pid<pid>.log`` JSON lines) or one such file;
 * PyTorch Flight Recorder dumps (pickle or JSON), one file per rank, or a directory of them:
-  the dumps of one directory are one snapshot (every rank's dump taken at one moment),
-  read together so that group membership can come from the dumps themselves;
+  the dumps of one directory (or of directories without a rank in common, e.g. one per
+  host) are one snapshot (every rank's dump taken at one moment), read together so that
+  group membership can come from the dumps themselves;
 * a directory mixing these: every regular, non-hidden file in it is sniffed on its own.
 
 Each file is recognised by its first bytes, not its name (``sniff``). Everything comes
@@ -51,7 +52,9 @@ import msgspec
 
 from producers.events import Event
 from producers.formats.flight_recorder import (
+    FlightRecorderError,
     looks_like_flight_recorder,
+    rank_from_filename,
     read_flight_recorder_snapshot,
 )
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
@@ -169,6 +172,39 @@ def _read_file(path: Path, kind: Kind, job: str, on_bad: OnBad | None) -> Iterat
         yield from _read_snapshot([path], job, on_bad)
 
 
+def _snapshots(files: list[Path]) -> list[list[Path]]:
+    """Group one input path's dump files into snapshots (every rank at one moment).
+
+    A snapshot holds at most one dump per rank. The dumps of one directory belong
+    together; directories whose ranks do not overlap are joined (per-host directories
+    of one moment), directories with a rank in common are not (``during/`` and
+    ``after_timeout/``, ``pickle/`` and ``json/``), in sorted order.
+
+    >>> p = [Path(x) for x in ("a/h1/r_0", "a/h1/r_1", "a/h2/r_2", "b/r_0", "b/r_1")]
+    >>> [[str(f) for f in s] for s in _snapshots(p)]
+    [['a/h1/r_0', 'a/h1/r_1', 'a/h2/r_2'], ['b/r_0', 'b/r_1']]
+    """
+    by_dir: dict[Path, list[Path]] = {}
+    for f in sorted(files):
+        by_dir.setdefault(f.parent, []).append(f)
+    out: list[tuple[set[int | str], list[Path]]] = []
+    for group in by_dir.values():
+        ranks: set[int | str] = set()
+        for f in group:
+            try:
+                ranks.add(rank_from_filename(f))
+            except FlightRecorderError:
+                ranks.add(str(f))  # no rank in the name: its own key (reported later)
+        for seen, snap in out:
+            if not seen & ranks:
+                seen |= ranks
+                snap += group
+                break
+        else:
+            out.append((ranks, list(group)))
+    return [snap for _, snap in out]
+
+
 def _read_snapshot(paths: list[Path], job: str, on_bad: OnBad | None) -> Iterator[SourceBatch]:
     """One batch per event keeps the merged stream in event time; each dump is one unit."""
     snap = str(paths[0].parent)
@@ -205,7 +241,7 @@ def open_sources(
     then read lazily: memory stays bounded by one batch per file.
     """
     streams: list[Iterator[SourceBatch]] = []
-    snapshots: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
+    dumps: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
     for path in paths:
         p = Path(path)
         the_job = job or inspector_job_from_dir(p if p.is_dir() else p.parent)
@@ -215,11 +251,12 @@ def open_sources(
             except OSError as err:
                 raise SourceError(f"{f}: cannot read: {err}") from None
             if kind == "flight_recorder":
-                snapshots.setdefault((f.parent, the_job), []).append(f)
+                dumps.setdefault((p, the_job), []).append(f)
             else:
                 streams.append(_read_file(f, kind, the_job, on_bad))
-    for (_, the_job), files in snapshots.items():
-        streams.append(_read_snapshot(files, the_job, on_bad))
+    for (_, the_job), files in dumps.items():
+        for snapshot in _snapshots(files):
+            streams.append(_read_snapshot(snapshot, the_job, on_bad))
     if len(streams) == 1:
         return streams[0]
     return heapq.merge(*streams, key=lambda b: b.ts_us)

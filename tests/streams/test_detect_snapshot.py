@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from producers.formats.flight_recorder import load_flight_recorder_dump
+from producers.sources import open_sources
 from streams.core import DetectConfig
 from streams.core.snapshot import judge_snapshot
 from streams.detect import DetectResult, run_detect
@@ -202,3 +203,23 @@ def test_snapshot_judge_needs_every_rank_for_a_straggler(tmp_path: Path) -> None
     res = _detect(_nccl_dumps(tmp_path, late_rank=1, n_ranks=2), tmp_path)
     assert res.commands == []
     assert judge_snapshot([], DetectConfig()) == []
+
+
+@pytest.mark.timeout(30)
+def test_dumps_in_per_host_directories_are_one_snapshot(tmp_path: Path) -> None:
+    """Dumps gathered one directory per host (no rank in common) are one moment; two
+    moments side by side (a rank in common) stay two snapshots."""
+    snap = _snapshot("hang", "during", "pickle", tmp_path)
+    root = tmp_path / "gathered"
+    for f in sorted(snap.iterdir()):
+        host = "node-a" if f.name[-1] in "01" else "node-b"
+        (root / "during" / host).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, root / "during" / host / f.name)
+    shutil.copytree(_snapshot("hang", "after_timeout", "pickle", tmp_path), root / "after")
+    batches = list(open_sources([root]))
+    assert len({b.snapshot for b in batches}) == 2
+    world = [e for b in batches for e in b.events if e.comm == "0"]
+    assert {e.nranks for e in world} == {4}  # membership seen across both host directories
+    res = _detect(root, tmp_path)
+    [cmd] = _acting(res)  # one host, one command (the cool-down joins both moments)
+    assert (cmd.host, cmd.fault) == ("host_rank2", "noncomm_hang")

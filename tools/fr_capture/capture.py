@@ -7,8 +7,8 @@ three cases:
 
 * ``healthy``: every rank runs every step;
 * ``hang``: rank ``--bad-rank`` never enters its ``--hang-at``-th world collective
-  (it sleeps instead, a non-communication hang); its peers wait in that collective
-  until the gloo timeout fires;
+  (it sleeps instead, a non-communication hang), or with ``--hang-sub-step K`` its first
+  sub-group collective of step K; its peers wait until the gloo timeout fires;
 * ``straggler``: rank ``--bad-rank`` sleeps ``--late-ms`` before every collective.
 
 Every rank dumps its recorder with PyTorch's own APIs, as pickle (``_dump_fr_trace``,
@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -100,48 +101,61 @@ def _worker(args: argparse.Namespace, rank: int) -> None:
         if args.case == "straggler" and rank == args.bad_rank:
             time.sleep(args.late_ms / 1000)
 
+    def hang_here() -> None:
+        # The fault: this rank stops before a collective (a stuck kernel, a data-loader
+        # deadlock ...). Dump while its peers wait, and again after their timeout fired,
+        # at the moments the peers dump too.
+        time.sleep(args.dump_after)
+        _dump(out / "during" / name, rank)
+        time.sleep(args.timeout - args.dump_after + args.after_timeout_s)
+        _dump(out / "after_timeout" / name, rank)
+        time.sleep(1.0)
+        os._exit(0)
+
+    def dump_during_later() -> None:
+        threading.Thread(
+            target=lambda: (time.sleep(args.dump_after), _dump(out / "during" / name, rank)),
+            daemon=True,
+        ).start()
+
+    def run(op: Callable[[], object]) -> None:
+        try:
+            op()
+        except RuntimeError as err:  # the gloo timeout of the hung collective
+            print(f"rank {rank}: {type(err).__name__}: {str(err)[:160]}", file=sys.stderr)
+            time.sleep(max(0.0, args.after_timeout_s - 0.5))
+            _dump(out / "after_timeout" / name, rank)
+            time.sleep(1.0)
+            os._exit(0)
+
+    hang = args.case == "hang"
     n_world = 0
-    for _step in range(args.steps):
+    for step in range(1, args.steps + 1):
         time.sleep(args.compute_ms / 1000 * (0.8 + 0.4 * rng.random()))  # "compute"
         for kind in ("all_reduce", "broadcast", "all_gather"):
             n_world += 1
-            if args.case == "hang" and rank == args.bad_rank and n_world == args.hang_at:
-                # The fault: this rank stops before the collective (a stuck kernel, a
-                # data-loader deadlock ...). Dump while its peers wait, and again after
-                # their timeout fired, at the moments the peers dump too.
-                time.sleep(args.dump_after)
-                _dump(out / "during" / name, rank)
-                time.sleep(args.timeout - args.dump_after + args.after_timeout_s)
-                _dump(out / "after_timeout" / name, rank)
-                time.sleep(1.0)
-                os._exit(0)
-            if args.case == "hang" and n_world == args.hang_at:
-                threading.Thread(
-                    target=lambda: (
-                        time.sleep(args.dump_after),
-                        _dump(out / "during" / name, rank),
-                    ),
-                    daemon=True,
-                ).start()
+            if hang and not args.hang_sub_step and n_world == args.hang_at:
+                if rank == args.bad_rank:
+                    hang_here()
+                dump_during_later()
             late()
-            try:
-                if kind == "all_reduce":
-                    dist.all_reduce(x, group=world)
-                elif kind == "broadcast":
-                    dist.broadcast(small, src=0, group=world)
-                else:
-                    dist.all_gather([torch.empty_like(small) for _ in range(args.world)], small)
-            except RuntimeError as err:  # the gloo timeout of the hung collective
-                print(f"rank {rank}: {type(err).__name__}: {str(err)[:160]}", file=sys.stderr)
-                time.sleep(max(0.0, args.after_timeout_s - 0.5))
-                _dump(out / "after_timeout" / name, rank)
-                time.sleep(1.0)
-                os._exit(0)
+            if kind == "all_reduce":
+                run(lambda: dist.all_reduce(x, group=world))
+            elif kind == "broadcast":
+                run(lambda: dist.broadcast(small, src=0, group=world))
+            else:
+                run(lambda: dist.all_gather([torch.empty_like(small) for _ in range(args.world)],
+                                            small))  # fmt: skip
+        if hang and step == args.hang_sub_step:  # the fault before a sub-group collective
+            if rank == args.bad_rank:
+                hang_here()
+            dump_during_later()
         for g, members in mine:
             late()
-            dist.all_reduce(small, group=g)
+            run(lambda g=g: dist.all_reduce(small, group=g))
             late()
-            dist.all_gather([torch.empty_like(small) for _ in members], small, group=g)
+            run(lambda g=g, m=members: dist.all_gather([torch.empty_like(small) for _ in m],
+                                                       small, group=g))  # fmt: skip
     _dump(out / "end" / name, rank)
     dist.destroy_process_group()
 
@@ -166,7 +180,10 @@ def _manifest(args: argparse.Namespace) -> None:
         "compute_ms": args.compute_ms,
         "timeout_s": args.timeout,
         "bad_rank": args.bad_rank if args.case != "healthy" else None,
-        "hang_at_world_collective": args.hang_at if args.case == "hang" else None,
+        "hang_at_world_collective": args.hang_at
+        if args.case == "hang" and not args.hang_sub_step
+        else None,
+        "hang_at_sub_group_step": args.hang_sub_step or None,
         "dump_after_s": args.dump_after if args.case == "hang" else None,
         "late_ms": args.late_ms if args.case == "straggler" else None,
         "file_mtime_ns": files,
@@ -185,6 +202,12 @@ def main() -> None:
     ap.add_argument("--bad-rank", type=int, default=2)
     ap.add_argument(
         "--hang-at", type=int, default=61, help="world collective (1-based) never entered"
+    )
+    ap.add_argument(
+        "--hang-sub-step",
+        type=int,
+        default=0,
+        help="instead: hang before the rank's first sub-group collective of this step (1-based)",
     )
     ap.add_argument("--late-ms", type=float, default=60.0)
     ap.add_argument("--timeout", type=float, default=8.0, help="gloo timeout, s")
