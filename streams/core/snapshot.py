@@ -51,6 +51,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import comb
 
 import numpy as np
 
@@ -159,17 +160,17 @@ def _by_comm(events: Sequence[Event]) -> dict[str, _Comm]:
 def judge_snapshot(events: Sequence[Event], config: DetectConfig) -> list[Verdict]:
     """Verdicts of one snapshot (all ranks' dumps taken at one moment), in time order."""
     comms = _by_comm(events)
-    # A rank (host, GPU) waiting inside a collective of some group for a member that has
-    # not arrived cannot enter another: being behind elsewhere is not its fault. (A
-    # collective every member entered holds nobody back: gloo may not have retired it
-    # yet when the dump is taken.)
-    blocked = {comm.ident[r][:2] for comm in comms.values() for r in _waiting_for_someone(comm)}
     # Each rank's newest recorded collective over all its groups (its own clock).
     newest: dict[tuple[str, int | None], int] = {}
     for comm in comms.values():
         for r, ops in comm.ops.items():
             key = comm.ident[r][:2]
             newest[key] = max(newest.get(key, -1), *(_when(o) for o in ops.values()))
+    # A rank (host, GPU) held in a collective of some group by a member that has not
+    # entered it — waiting there still, or stopped there after giving up (timeout) —
+    # cannot enter another: being behind elsewhere is not its fault. (A collective every
+    # member entered holds nobody back: gloo may not have retired it yet at the dump.)
+    blocked = {comm.ident[r][:2] for comm in comms.values() for r in _held(comm, newest)}
     released = _Releases(comms)
     out: list[Verdict] = []
     for comm in comms.values():
@@ -180,13 +181,18 @@ def judge_snapshot(events: Sequence[Event], config: DetectConfig) -> list[Verdic
 
 
 # --- hangs ----------------------------------------------------------------------------
-def _waiting_for_someone(c: _Comm) -> list[int]:
-    """Ranks in a collective that some member of this group has not entered."""
+def _held(c: _Comm, newest: dict[tuple[str, int | None], int]) -> list[int]:
+    """Ranks held in this group by a member that has not entered their collective: in
+    it still, or finished with it (gave up) and stopped there."""
     prog = c.progress
     low = min((p.started for p in prog.values()), default=0)
     if len(prog) < c.nranks:
         low = 0  # a member without a dump: it may not have arrived
-    return [r for r, p in prog.items() if p.started > p.completed and p.started > low]
+    return [
+        r
+        for r, p in prog.items()
+        if p.started > low and (p.started > p.completed or _stopped_at(c, r, p.started, newest))
+    ]
 
 
 def _when(o: OpEvent) -> int:
@@ -394,6 +400,20 @@ def _judge_stragglers(c: _Comm, cfg: DetectConfig, released: _Releases) -> list[
     return out
 
 
+_CHANCE = 0.01
+"""A rank must be last more often than a 1 % chance would make it (binomial tail)."""
+
+
+def _chance_last(k: int, n: int, m: int) -> float:
+    """P(a rank is last in at least ``k`` of ``n`` collectives by chance, ``m`` ranks).
+
+    >>> round(_chance_last(4, 6, 3), 3), _chance_last(18, 18, 4) < 1e-9
+    (0.1, True)
+    """
+    p = 1.0 / max(m, 2)
+    return sum(comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
 def _judge_window(
     c: _Comm, cfg: DetectConfig, a: _Arrivals, rows: np.ndarray, period: float
 ) -> list[Verdict]:
@@ -406,6 +426,12 @@ def _judge_window(
     seen = n_seq >= cfg.straggler_min_seqs
     if seen.sum() < 3 or not (seen & (frac >= cfg.straggler_last_frac)).any():
         return []  # nobody persistently last: the usual case
+    # ... and more often than chance would make it: with m ranks each is last with
+    # probability 1/m; a snapshot's short history must not turn 4 of 6 into a verdict.
+    m = int(present.sum(axis=1).mean().round())
+    beyond_chance = np.array(
+        [_chance_last(int(k), int(n), m) < _CHANCE for k, n in zip(last, n_seq, strict=True)]
+    )
     # The wait each rank alone caused, per collective, on one scale: a fraction of the
     # others' kernel time (kernel times) or of the time between collectives (enqueue).
     mean_gap = np.nansum(gap, axis=0) / np.maximum(n_seq, 1)
@@ -421,6 +447,7 @@ def _judge_window(
     z = (share - med) / sigma
     cand = np.flatnonzero(
         seen
+        & beyond_chance
         & (frac >= cfg.straggler_last_frac)
         & (share - med >= cfg.straggler_min_wait)
         & (z >= cfg.straggler_min_z)
