@@ -241,21 +241,26 @@ def _judge_hang(
     start -= start % 1_000_000
     out = []
     for r in culprits:
+        # the collective it never entered: its next one (its peers may have finished
+        # that one without it, as a gloo broadcast root does, and wait in a later one)
+        missed = int(prog[r].started) + 1
+        where = "in it" if missed == target else f"in collective {target}"
         if ended:
             reason = (
-                f"{c.who(r)} has not started collective {target}, which its "
-                f"{len(peers)} peers ended without it (timed out or aborted)"
+                f"{c.who(r)} has not started collective {missed}; its {len(peers)} peers "
+                f"ended collective {target} without it (timed out or aborted)"
                 + (f" {_s(wait_us)} after entering it." if wait_us > 0 else ".")
             )
             score = max(0.9, min(1.0, 0.6 + 0.4 * wait_us / (2 * thr)))
         else:
             reason = (
-                f"{c.who(r)} has not started collective {target} while {len(peers)} peers "
-                f"have waited {_s(wait_us)} in it (hang threshold {_s(thr)})."
+                f"{c.who(r)} has not started collective {missed} while {len(peers)} peers "
+                f"have waited {_s(wait_us)} {where} (hang threshold {_s(thr)})."
             )
             score = min(1.0, 0.6 + 0.4 * wait_us / (2 * thr))
         ev = {
-            "target_collective": target,
+            "target_collective": missed,
+            "peers_collective": target,
             "rank_started": int(prog[r].started),
             "silent": False,
             "peers_waiting": len(peers),
