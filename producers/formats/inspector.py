@@ -8,7 +8,7 @@ operations). Doubles are printed with ``%lf`` and a NaN bandwidth as the *string
 ``event_trace_ts`` inside ``coll_perf``. Unknown fields and newer
 ``inspector_output_format_version`` values are accepted: only the fields below are read.
 
-Mapping (``producers/FORMATS.md`` has the full table):
+Mapping (the README's "Input formats" section has the full table):
 
 ==========================================  =====================
 Inspector                                    contract ``op`` event
@@ -62,7 +62,7 @@ from typing import Annotated
 import msgspec
 
 from producers.events import Conn, OpEvent
-from producers.traces import BadLine
+from producers.traces import BadLine, _open_binary
 
 __all__ = [
     "KNOWN_FORMAT",
@@ -289,7 +289,6 @@ def read_inspector_file(
     hold the mapped fields; those that do not are reported once for the whole file
     (one message naming the version and the count), not once per line.
     """
-    from producers.traces import _open_binary  # one place knows how to sniff gzip
 
     name = str(path)
     version: str | None = None  # the file's format version, from the last record read
