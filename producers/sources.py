@@ -176,17 +176,19 @@ def _snapshots(files: list[Path]) -> list[list[Path]]:
     """Group one input path's dump files into snapshots (every rank at one moment).
 
     A snapshot holds at most one dump per rank. The dumps of one directory belong
-    together; directories whose ranks do not overlap are joined (per-host directories
-    of one moment), directories with a rank in common are not (``during/`` and
-    ``after_timeout/``, ``pickle/`` and ``json/``), in sorted order.
+    together (pickle and JSON dumps apart: each set is one snapshot); directories whose
+    ranks do not overlap are joined (per-host directories of one moment), directories
+    with a rank in common are not (``during/`` and ``after_timeout/``, ``pickle/`` and
+    ``json/``), in sorted order.
 
     >>> p = [Path(x) for x in ("a/h1/r_0", "a/h1/r_1", "a/h2/r_2", "b/r_0", "b/r_1")]
     >>> [[str(f) for f in s] for s in _snapshots(p)]
     [['a/h1/r_0', 'a/h1/r_1', 'a/h2/r_2'], ['b/r_0', 'b/r_1']]
     """
-    by_dir: dict[Path, list[Path]] = {}
+    by_dir: dict[tuple[Path, bool], list[Path]] = {}
     for f in sorted(files):
-        by_dir.setdefault(f.parent, []).append(f)
+        # PyTorch's pickle and JSON dumps of one moment side by side: two snapshots
+        by_dir.setdefault((f.parent, _is_json(f)), []).append(f)
     out: list[tuple[set[int | str], list[Path]]] = []
     for group in by_dir.values():
         ranks: set[int | str] = set()
@@ -203,6 +205,13 @@ def _snapshots(files: list[Path]) -> list[list[Path]]:
         else:
             out.append((ranks, list(group)))
     return [snap for _, snap in out]
+
+
+def _is_json(path: Path) -> bool:
+    try:
+        return _head(path).lstrip()[:1] == b"{"
+    except OSError:
+        return False
 
 
 def _read_snapshot(paths: list[Path], job: str, on_bad: OnBad | None) -> Iterator[SourceBatch]:

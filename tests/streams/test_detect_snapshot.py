@@ -230,3 +230,17 @@ def test_dumps_in_per_host_directories_are_one_snapshot(tmp_path: Path) -> None:
     res = _detect(root, tmp_path)
     [cmd] = _acting(res)  # one host, one command (the cool-down joins both moments)
     assert (cmd.host, cmd.fault) == ("host_rank2", "noncomm_hang")
+
+
+@pytest.mark.timeout(30)
+def test_pickle_and_json_dumps_in_one_directory(tmp_path: Path) -> None:
+    """As the capture writes them (and as a user may copy them): both formats of every
+    rank side by side are two snapshots of one moment, not duplicate input."""
+    mixed = tmp_path / "mixed"
+    for fmt in FORMATS:
+        for f in _snapshot("hang", "after_timeout", fmt, tmp_path).iterdir():
+            mixed.mkdir(exist_ok=True)
+            shutil.copy2(f, mixed / f.name)
+    res = _detect(mixed, tmp_path)  # no bad lines
+    [cmd] = res.commands
+    assert (cmd.host, cmd.fault) == ("host_rank2", "noncomm_hang")
