@@ -225,14 +225,19 @@ def _judge_hang(
         ended = False
         peers = waiting
     elif finished and not waiting and len(finished) >= max(1, cfg.min_waiting_frac * n_alive):
-        # N ended on its peers without the culprits: only a timeout or an abort does
-        # that. They must have stopped there (nothing after N in any of their rings),
-        # else the dumps were not taken at one moment.
+        # N ended on its peers without the culprits: for a collective that needs every
+        # member only a timeout or an abort does that (a rooted one, e.g. a broadcast,
+        # may end on the root first). They must have stopped there (nothing after N in
+        # any of their rings), else the dumps were not taken at one moment.
         if not all(_stopped_at(c, r, target, newest) for r in finished):
             return []
-        # how long each waited: from entering N to its own dump (its own clock)
+        # how long each waited: from entering N to its own dump (its own clock); 0
+        # when the dump time is unknown (no trusted mtime: the newest entry stands in)
         waits = [prog[r].ts_us - _when(c.ops[r][target]) for r in finished]
         wait_us = max(0.0, float(median(waits))) if waits else 0.0
+        needs_all = all(c.ops[r][target].op in _NEEDS_ALL for r in finished)
+        if (wait_us > 0 and wait_us < thr) or (wait_us <= 0 and not needs_all):
+            return []
         ended = True
         peers = finished
     else:
@@ -270,6 +275,10 @@ def _judge_hang(
         }
         out.append(c.verdict("noncomm_hang", r, score, reason, start, c.now(), ev))
     return out
+
+
+_NEEDS_ALL = frozenset({"AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Barrier"})
+"""Collectives that cannot complete on any member before every member entered them."""
 
 
 def _stopped_at(

@@ -121,12 +121,13 @@ def test_pickle_and_json_snapshots_decide_alike(case: str, tmp_path: Path) -> No
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_after_timeout_needs_no_clock(fmt: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", ["hang", "hang-8ranks", "hang-5ranks", "hang-subgroup"])
+def test_after_timeout_needs_no_clock(case: str, fmt: str, tmp_path: Path) -> None:
     """Copied dumps (mtimes far from the entries, so no dump time is trusted): the peers
-    counting collective 61 as completed without rank 2 ever entering it still names it."""
-    res = _detect(_snapshot("hang", "after_timeout", fmt, tmp_path, mtimes=False), tmp_path)
+    counting a collective as completed that the hung rank never entered still name it."""
+    res = _detect(_snapshot(case, "after_timeout", fmt, tmp_path, mtimes=False), tmp_path)
     [cmd] = _acting(res)
-    assert (cmd.host, cmd.fault) == ("host_rank2", "noncomm_hang")
+    assert (cmd.host, cmd.fault) == (f"host_rank{_capture(case)['bad_rank']}", "noncomm_hang")
 
 
 @pytest.mark.timeout(30)
