@@ -245,3 +245,16 @@ def test_pickle_and_json_dumps_in_one_directory(tmp_path: Path) -> None:
     res = _detect(mixed, tmp_path)  # no bad lines
     [cmd] = res.commands
     assert (cmd.host, cmd.fault) == ("host_rank2", "noncomm_hang")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("case", "moment", "fault"),
+    [("healthy", "mid", None), ("healthy", "end", None), ("straggler", "mid", "straggler"),
+     ("straggler-5ms", "mid", "straggler")],
+)  # fmt: skip
+def test_without_dump_times_healthy_stays_quiet_and_stragglers_are_found(
+    case: str, moment: str, fault: str | None, tmp_path: Path
+) -> None:
+    res = _detect(_snapshot(case, moment, "json", tmp_path, mtimes=False), tmp_path)
+    assert [c.fault for c in res.commands] == ([fault] if fault else [])
