@@ -258,3 +258,11 @@ def test_without_dump_times_healthy_stays_quiet_and_stragglers_are_found(
 ) -> None:
     res = _detect(_snapshot(case, moment, "json", tmp_path, mtimes=False), tmp_path)
     assert [c.fault for c in res.commands] == ([fault] if fault else [])
+
+
+@pytest.mark.timeout(30)
+def test_inspector_2_30_layout_through_detect(tmp_path: Path) -> None:
+    """NCCL 2.30 Inspector layout (many ops per communicator per dump): 0 bad lines."""
+    res = run_detect([DATA / "inspector_2_30"], tmp_path / "c.jsonl")
+    assert (res.n_bad, res.n_events) == (0, 2 * 4 * 3 * 10)
+    assert res.commands == []  # a healthy job
