@@ -51,7 +51,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from math import comb
+from math import exp, lgamma, log, log1p
 
 import numpy as np
 
@@ -423,9 +423,16 @@ def _chance_last(k: int, n: int, m: int) -> float:
 
     >>> round(_chance_last(4, 6, 3), 3), _chance_last(18, 18, 4) < 1e-9
     (0.1, True)
+    >>> round(_chance_last(1000, 2000, 2), 2), _chance_last(1500, 2000, 4) < 1e-300
+    (0.51, True)
     """
     p = 1.0 / max(m, 2)
-    return sum(comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+    lp, lq = log(p), log1p(-p)
+    # in logs: comb(2000, 1000) does not fit a float
+    return sum(
+        exp(lgamma(n + 1) - lgamma(i + 1) - lgamma(n - i + 1) + i * lp + (n - i) * lq)
+        for i in range(k, n + 1)
+    )
 
 
 def _judge_window(
