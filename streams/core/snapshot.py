@@ -6,14 +6,17 @@ ring of its last collectives (``op`` events). Who waits for whom follows from th
 
 **Hang.** Collective *N* is the newest any member entered. Ranks that entered it and
 have not finished it wait in it; ranks that never entered it (counter behind) are the
-ones waited for, unless they are themselves blocked inside a collective of another
-group (then they are victims too: a rank blocked in a collective cannot enter another).
+ones waited for, unless they are themselves held in a collective of another group that
+some member has not entered — waiting there, or stopped there after giving up (then they
+are victims too: a rank held in a collective cannot enter another).
 It is a hang when the waiting ranks have waited longer than the communicator's
 normal (``hang_period_mult`` × its period between collectives, at least
 ``hang_floor_us``), measured by each waiting rank's own clock from its entering *N* to
 its dump. After a timeout the waiting ranks count *N* as completed although a member
-never entered it: a collective cannot complete without every member, so it ended
-(timed out or aborted) without that member, which names it whatever the clocks say.
+never entered it: an all-reduce, all-gather, reduce-scatter, all-to-all or barrier
+cannot complete without every member, so it ended (timed out or aborted) without that
+member, which names it whatever the clocks say (a rooted collective such as a broadcast
+may end on its root early, so it counts only with a known wait past the threshold).
 
 **Straggler.** Over the collectives every member has in its ring, the last rank to
 arrive is the one the others wait for. Arrival is read, by preference, from kernel
