@@ -466,15 +466,20 @@ def _reason(
             if vs
             else f"its peers spent {px:.1f}x its kernel time"
         )
+        if st and all(x.arrival == "enqueue_time" for x in st):  # snapshots without timing
+            late = _median([x.late_ms for x in st])
+            wait = f"its peers waited {late:.1f} ms for it per collective (by enqueue times)"
         if gpu is None:  # several GPUs alike: the host
             gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None})
-            return (
-                f"{host} is a straggler: its GPUs {', '.join(map(str, gpus))} arrived last "
-                f"in {last:.0%} of {n} collectives on {on} over {span}, {wait}; no "
-                "communicator inside the host names one GPU."
-            )
+            if gpus:
+                return (
+                    f"{host} is a straggler: its GPUs {', '.join(map(str, gpus))} arrived "
+                    f"last in {last:.0%} of {n} collectives on {on} over {span}, {wait}; no "
+                    "communicator inside the host names one GPU."
+                )
+        who = f"{host} GPU {gpu}" if gpu is not None else host
         return (
-            f"{host} GPU {gpu} is a straggler: it arrived last in {last:.0%} of {n} "
+            f"{who} is a straggler: it arrived last in {last:.0%} of {n} "
             f"collectives on {on} over {span}, {wait}."
         )
     if fault == "noncomm_hang":

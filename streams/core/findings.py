@@ -51,6 +51,8 @@ class Evidence(msgspec.Struct, kw_only=True):
     comm_hosts: int = 0
     """Hosts the communicator spans (1: inside one host, e.g. tensor parallel)."""
     nranks: int = 0
+    snapshot: bool = False
+    """Judged from one Flight Recorder snapshot as a whole (``streams.core.snapshot``)."""
 
 
 class HangEvidence(Evidence, kw_only=True):
@@ -63,6 +65,10 @@ class HangEvidence(Evidence, kw_only=True):
     peers_waiting: int = 0
     wait_s: float = 0.0
     threshold_s: float = 0.0
+    peers_collective: int | None = None
+    """Snapshots: the collective the peers are in (or ended), when not the target."""
+    peers_ended_without_it: bool = False
+    """Snapshots: the peers ended the collective without it (timed out or aborted)."""
 
 
 class CommHangEvidence(Evidence, kw_only=True):
@@ -92,6 +98,9 @@ class StragglerEvidence(Evidence, kw_only=True):
     position: int = -1
     """Its rank in the communicator: a role (the same position late in every replica of
     a communicator) is told from a faulty GPU by it."""
+    arrival: str = "kernel_time"
+    """How arrival order was read: ``kernel_time`` (durations) or, in snapshots without
+    timing, ``enqueue_time``."""
 
 
 class SlowEvidence(Evidence, kw_only=True):
