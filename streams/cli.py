@@ -75,8 +75,9 @@ def detect(
     traces: Annotated[
         list[Path],
         typer.Argument(
-            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps, "
-            "the Parquet archive of c4.events."
+            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps "
+            "(a directory per snapshot: every rank's dump of one moment), the Parquet "
+            "archive of c4.events."
         ),
     ],
     out: Annotated[
@@ -101,7 +102,8 @@ def detect(
         ),
     ] = None,
 ) -> None:
-    """Run the detection core over recorded traces, in event time, without Kafka."""
+    """Run the detection core over recorded traces, in event time, without Kafka;
+    Flight Recorder snapshots are judged as a whole."""
     detect_cfg = None
     policy = PolicyConfig()
     if config is not None:  # e.g. an archived day judged with other thresholds

@@ -31,7 +31,7 @@ from c4base.deadletter import DeadLetter
 from producers.columnar import decode_events_many
 from producers.events import Event, EventDecodeError
 from streams.app.checkpoint import CheckpointSchedule
-from streams.app.deadletter import Record, dead_letter
+from streams.app.deadletter import Record, dead_letter, refused_checkpoint
 from streams.app.engine import CorrelatorLike, DetectorLike, Engine
 from streams.commands import IsolationCommand
 from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict
@@ -124,6 +124,8 @@ class CommRouter:
     ) -> None:
         self.engine = engine
         self.lookup = lookup
+        self._refused: list[DeadLetter] = []
+        """Checkpoints that could not be read, as dead letters for the next output."""
         self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
         self.advance_every_us = advance_every_us
         self.wall = clock
@@ -152,8 +154,11 @@ class CommRouter:
                 det = self.engine.load_detector(comm, data)
                 self.stats.restored += 1
                 log.info("restored communicator %s from its checkpoint (%d bytes)", comm, len(data))
-            except Exception:
-                log.exception("checkpoint of communicator %s unreadable; starting afresh", comm)
+            except Exception as err:  # corrupt or foreign bytes: never run, dead-lettered
+                log.warning(
+                    "checkpoint of communicator %s refused (%s); starting afresh", comm, err
+                )
+                self._refused.append(refused_checkpoint(comm.encode(), data, err))
         if det is None:
             det = self.engine.new_detector(comm)
             self.stats.created += 1
@@ -345,6 +350,9 @@ class CommRouter:
         return out
 
     def _count(self, out: Output) -> None:
+        if self._refused:
+            out.deadletters.extend(self._refused)
+            self._refused.clear()
         self.stats.verdicts += len(out.verdicts)
         self.stats.deadletters += len(out.deadletters)
         self.stats.checkpoints += len(out.checkpoints)
@@ -443,6 +451,8 @@ class CorrelatorRunner:
     ) -> None:
         self.engine = engine
         self.lookup = lookup
+        self._refused: list[DeadLetter] = []
+        """Checkpoints that could not be read, as dead letters for the next output."""
         self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
         self.watermark_topic = watermark_topic
         self.events_partitions = events_partitions
@@ -479,8 +489,11 @@ class CorrelatorRunner:
                 cor = self.engine.load_correlator(data)
                 self.stats.restored += 1
                 log.info("restored host correlator %d from its checkpoint", p)
-            except Exception:
-                log.exception("checkpoint of host correlator %d unreadable; starting afresh", p)
+            except Exception as err:  # corrupt or foreign bytes: never run, dead-lettered
+                log.warning(
+                    "checkpoint of host correlator %d refused (%s); starting afresh", p, err
+                )
+                self._refused.append(refused_checkpoint(self.key(p), data, err))
         if cor is None:
             cor = self.engine.new_correlator()
             self.stats.created += 1
@@ -683,6 +696,9 @@ class CorrelatorRunner:
         return out
 
     def _count(self, out: Output) -> None:
+        if self._refused:
+            out.deadletters.extend(self._refused)
+            self._refused.clear()
         self.stats.commands += len(out.commands)
         self.stats.deadletters += len(out.deadletters)
         self.stats.checkpoints += len(out.checkpoints)
