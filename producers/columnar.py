@@ -42,7 +42,7 @@ producers.events.EventDecodeError: not an Arrow IPC stream: ...
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -71,6 +71,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_ROWS",
     "EventColumns",
+    "LazyEvents",
     "WireFormat",
     "content_type_of",
     "decode_arrow",
@@ -80,6 +81,7 @@ __all__ = [
     "encode_batch",
     "events_table",
     "is_arrow",
+    "split_by_comm",
     "table_events",
     "validate_table",
 ]
@@ -294,9 +296,61 @@ class EventColumns:
     def ts_us(self) -> np.ndarray:
         return self.int("ts_us")
 
+    @property
+    def comm_name(self) -> str | None:
+        return self.table.column("comm_name")[0].as_py()
+
+    def conn_counts(self) -> np.ndarray:
+        """Per row: how many connections it carries (0 when absent)."""
+        got = self._np.get("__conns")
+        if got is None:
+            lengths = pc.fill_null(pc.list_value_length(self.table.column("conns")), 0)
+            got = self._np["__conns"] = lengths.to_numpy().astype(np.int64, copy=False)
+        return got
+
+    def rows(self, idx: np.ndarray) -> LazyEvents:
+        """The rows ``idx`` as event objects, built only when first read."""
+        return LazyEvents(self.table, idx)
+
     def to_events(self) -> list[Event]:
         """The rows as contract event objects, equal to what the JSON decoder gives."""
         return _to_events(self.table)
+
+    @staticmethod
+    def concat(parts: Sequence[EventColumns]) -> EventColumns:
+        """One communicator's parts (e.g. several messages of one time slice) as one."""
+        if len(parts) == 1:
+            return parts[0]
+        batches = pa.Table.from_batches([p.table for p in parts]).combine_chunks().to_batches()
+        return EventColumns(parts[0].comm, batches[0])
+
+
+class LazyEvents(Sequence[Event]):
+    """Rows of a record batch as event objects, converted on first access (all of the
+    rows at once when iterated, one row when indexed)."""
+
+    __slots__ = ("_events", "_idx", "_table")
+
+    def __init__(self, table: pa.RecordBatch, idx: np.ndarray) -> None:
+        self._table = table
+        self._idx = idx
+        self._events: list[Event] | None = None
+
+    def __len__(self) -> int:
+        return len(self._idx)
+
+    def _all(self) -> list[Event]:
+        if self._events is None:
+            self._events = _to_events(self._table.take(pa.array(self._idx, pa.int64())))
+        return self._events
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._all())
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]  # Sequence's overloads
+        if self._events is not None or not isinstance(i, int):
+            return self._all()[i]
+        return _to_events(self._table.slice(int(self._idx[i]), 1))[0]
 
 
 def _np_bool(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -581,6 +635,12 @@ def decode_arrow(data: bytes) -> list[EventColumns]:
     table = validate_table(_read_stream(data))
     if table.num_rows == 0:
         raise EventDecodeError("empty message: no events")
+    return split_by_comm(table)
+
+
+def split_by_comm(table: pa.RecordBatch) -> list[EventColumns]:
+    """Validated rows (:func:`validate_table`) as one :class:`EventColumns` per
+    communicator, in order of first appearance, rows in their order."""
     comm = table.column("comm")
     uniq = pc.unique(comm)
     if len(uniq) == 1:  # the usual case: one communicator

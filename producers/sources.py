@@ -46,13 +46,15 @@ from __future__ import annotations
 
 import gzip
 import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import msgspec
+import numpy as np
 
+from producers.columnar import EventColumns, LazyEvents, split_by_comm
 from producers.events import Event
 from producers.formats.flight_recorder import (
     FlightRecorderError,
@@ -64,7 +66,7 @@ from producers.formats.inspector import inspector_job_from_dir, read_inspector_f
 from producers.formats.parquet_archive import (
     SeenMessages,
     looks_like_parquet,
-    read_parquet_events,
+    read_parquet_messages,
 )
 from producers.traces import BadLine, TraceLine, read_trace
 
@@ -100,16 +102,22 @@ class SourceBatch:
 
     source: str
     """``file:line`` of the unit (line 0: a whole file, e.g. a Flight Recorder dump)."""
-    events: list[Event]
+    events: Sequence[Event]
+    """A list; for the Parquet archive a sequence that builds the objects when read."""
     raw: bytes | None = None
     """The original contract JSON line (stripped) for traces; ``None`` for converted input."""
     snapshot: str | None = None
     """For Flight Recorder dumps: the snapshot (directory of per-rank dumps taken at one
     moment) they belong to; a consumer can judge a snapshot as a whole."""
+    columns: list[EventColumns] | None = None
+    """The same events as columns, one part per communicator (the Parquet archive), for
+    consumers that take columns (``c4stream detect``)."""
 
     @property
     def ts_us(self) -> int:
         """Earliest event time of the batch (0 when empty), the order :func:`open_sources` uses."""
+        if self.columns is not None:
+            return min((int(c.ts_us.min()) for c in self.columns), default=0)
         return min((e.ts_us for e in self.events), default=0)
 
 
@@ -182,8 +190,10 @@ def _read_file(
                 on_bad(item)
     elif kind == "parquet":
         # one batch per archived message, in event time (tables → objects per message)
-        for row, events in read_parquet_events(path, job=job, on_bad=on_bad, seen=seen):
-            yield SourceBatch(f"{name}:{row}", events)
+        for row, batch in read_parquet_messages(path, job=job, on_bad=on_bad, seen=seen):
+            cols = split_by_comm(batch)
+            rows = LazyEvents(batch, np.arange(batch.num_rows))
+            yield SourceBatch(f"{name}:{row}", rows, columns=cols)
     elif kind == "inspector":
         for lineno, ev in read_inspector_file(path, job=job, on_bad=on_bad):
             yield SourceBatch(f"{name}:{lineno}", [ev])

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from producers.events import Event
-from producers.sources import SourceError, open_sources
+from producers.sources import SourceBatch, SourceError, open_sources
 from producers.traces import BadLine
 from streams.commands import IsolationCommand, encode_command
 from streams.core import DetectConfig, DetectionPipeline, PolicyConfig
@@ -59,19 +59,16 @@ def _open_out(path: Path) -> IO[bytes]:
     return gzip.open(path, "wb") if path.suffix == ".gz" else open(path, "wb")
 
 
-def _batches(
-    paths: list[Path], on_bad: Callable[[BadLine], None]
-) -> Iterator[tuple[list[Event], str | None]]:
-    """Event batches from the inputs (any format :mod:`producers.sources` reads), each
-    with the snapshot it belongs to (Flight Recorder dumps) or None (a stream)."""
+def _batches(paths: list[Path], on_bad: Callable[[BadLine], None]) -> Iterator[SourceBatch]:
+    """Batches from the inputs (any format :mod:`producers.sources` reads): events, or
+    columns (the Parquet archive), and the snapshot a Flight Recorder dump belongs to."""
     for p in paths:
         if not p.exists():
             raise DetectInputError(
                 f"{p}: no such file or directory; give a trace file or dump directory that exists"
             )
     try:
-        for batch in open_sources(paths, on_bad=on_bad):
-            yield batch.events, batch.snapshot
+        yield from open_sources(paths, on_bad=on_bad)
     except SourceError as err:
         raise DetectInputError(str(err)) from None
     except OSError as err:
@@ -101,13 +98,15 @@ def run_detect(
     # they are small (a ring of at most a few thousand entries per rank).
     snapshots: dict[str, list[Event]] = {}
     with _open_out(outp) as fh:
-        for events, snapshot in batches:
-            if res.first_ts_us is None and events:
-                res.first_ts_us = events[0].ts_us
-            if snapshot is not None:
-                snapshots.setdefault(snapshot, []).extend(events)
+        for batch in batches:
+            cols = batch.columns  # the Parquet archive: judged as columns, no objects
+            if res.first_ts_us is None and (cols or batch.events):
+                res.first_ts_us = int(cols[0].ts_us[0]) if cols else batch.events[0].ts_us
+            if batch.snapshot is not None:
+                snapshots.setdefault(batch.snapshot, []).extend(batch.events)
                 continue
-            for cmd in pipe.feed(events):
+            cmds = pipe.feed_columns(cols) if cols is not None else pipe.feed(batch.events)
+            for cmd in cmds:
                 fh.write(encode_command(cmd) + b"\n")
         for snap in snapshots.values():
             for cmd in pipe.judge_snapshot(snap):

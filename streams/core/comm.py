@@ -38,6 +38,7 @@ import numpy as np
 
 from producers.events import Event, OpEvent, ProgressEvent
 from streams.core import checkpoint as ck
+from streams.core.columns import EventColumnsLike
 from streams.core.config import DetectConfig
 from streams.core.detector import Batch, CommView, Detector, Output, Window
 from streams.core.findings import Census, Finding, Observation
@@ -151,6 +152,58 @@ class CommDetector:
             d.learn(v, batch)
         return out + self._verdicts(self._tick())
 
+    def observe_columns(self, cols: EventColumnsLike) -> list[Verdict]:
+        """:meth:`observe` of the same events given as columns (one communicator's rows
+        in arrival order, e.g. :class:`producers.columnar.EventColumns`): the same
+        verdicts and state, without an object per event. Objects are built only for the
+        rows a detector reads whole — ops that carry connections, progress events (read
+        only while an op is in flight) — and for ranks seen for the first time."""
+        n = cols.n
+        if n == 0:
+            return []
+        v = self.view
+        if not v.job:
+            v.job, v.comm_name = cols.job, cols.comm_name
+        nr = cols.int("nranks")
+        top = max(int(nr[0]), int(nr[-1]))
+        if top > v.ranks.n:
+            self._grow(top)
+        is_op = cols.is_op
+        op_rows = np.flatnonzero(is_op)
+        pr_rows = np.flatnonzero(~is_op) if op_rows.size < n else op_rows[:0]
+        rank = cols.int("rank")
+        ts_all = cols.int("ts_us")
+        out: list[Verdict] = []
+        ts_max = int(ts_all.max())
+        if ts_max > v.now:  # as in observe()
+            out = self._verdicts(self._roll_window(ts_max))
+            v.now = ts_max
+        if v.first_us < 0:
+            v.first_us = v.now
+        self.n_events += n
+        order = np.concatenate([op_rows, pr_rows])  # observe()'s order: ops, then progress
+        self._learn_identities(cols.rows(order), rank[order])
+        ro, rp = rank[op_rows], rank[pr_rows]
+        s = cols.int("seq")[op_rows]
+        distinct = np.unique(s).tolist()
+        with_conns = op_rows[cols.conn_counts()[op_rows] > 0]
+        batch = self._fold(
+            cols.rows(with_conns),  # a detector reads op objects only for connections
+            ro,
+            s,
+            cols.float("exec_us")[op_rows],
+            ts_all[op_rows],
+            distinct,
+            cols.rows(pr_rows),
+            rp,
+            cols.int("started")[pr_rows],
+            cols.int("completed")[pr_rows],
+            cols.float("inflight_us")[pr_rows],
+        )
+        for d in self.detectors:
+            d.learn(v, batch)
+        return out + self._verdicts(self._tick())
+
     def advance(self, now_us: int) -> list[Verdict]:
         """The event-time clock moved on (maybe without events here): hangs, silence."""
         v = self.view
@@ -245,18 +298,44 @@ class CommDetector:
         rp: np.ndarray,
     ) -> Batch:
         """Fold the batch into the shared view; the arrays every detector reads."""
-        v, t = self.view, self.view.ranks
         empty = np.empty(0, np.int64)
-        if not ops:
-            r = s = ts = empty
-            x = np.empty(0, np.float64)
-            distinct: list[int] = []
-        else:
-            k = len(ops)
+        s = x = ts = st = cp = infl = empty
+        distinct: list[int] = []
+        if ops:
             s_list = [e.seq for e in ops]
             s = np.array(s_list, np.int64)
             x = np.array([e.exec_us for e in ops], np.float64)
             ts = np.array(tso_l, np.int64)
+            distinct = sorted(set(s_list))
+        if prog:
+            st = np.array([e.started for e in prog], np.int64)
+            cp = np.array([e.completed for e in prog], np.int64)
+            infl = np.array([e.inflight_us or 0.0 for e in prog], np.float64)
+        return self._fold(ops, ro, s, x, ts, distinct, prog, rp, st, cp, infl)
+
+    def _fold(
+        self,
+        ops: Sequence[OpEvent],
+        ro: np.ndarray,
+        s: np.ndarray,
+        x: np.ndarray,
+        ts: np.ndarray,
+        distinct: list[int],
+        prog: Sequence[ProgressEvent],
+        rp: np.ndarray,
+        st: np.ndarray,
+        cp: np.ndarray,
+        infl: np.ndarray,
+    ) -> Batch:
+        """:meth:`_batch` from arrays (op fields in arrival order, ``distinct`` seqs
+        ascending; ``infl`` 0 where absent), shared by the object and the column path."""
+        v, t = self.view, self.view.ranks
+        empty = np.empty(0, np.int64)
+        if not len(ro):
+            r = s = ts = empty
+            x = np.empty(0, np.float64)
+        else:
+            k = len(ro)
             # period between consecutive collectives of one rank, by that rank's own
             # clock: sort by (rank, seq); an event's predecessor is the one before it in
             # the sorted batch, or the table's last op of its rank for its first event
@@ -281,16 +360,12 @@ class CommDetector:
             t.last_op_ts[r[last]] = ts[last]
             t.last_op_seq[r[last]] = s[last]
             v.model.learn_ops(x)
-            distinct = sorted(set(s_list))
-        st = cp = empty
-        if prog:
-            st = np.array([e.started for e in prog], np.int64)
-            cp = np.array([e.completed for e in prog], np.int64)
+        if len(rp):
             t.started[rp] = st
             t.completed[rp] = cp
-            t.inflight_us[rp] = np.array([e.inflight_us or 0.0 for e in prog], np.float64)
+            t.inflight_us[rp] = infl
             t.prog_recv[rp] = v.now
-        return Batch(ops, r, s, ts, x, distinct, prog, rp, st, cp)
+        return Batch(ops, r, s, ts, x, distinct, prog, rp, st, cp)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ judging
     def _tick(self) -> Output:

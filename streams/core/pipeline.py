@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from producers.events import Event
 from streams.commands import IsolationCommand
+from streams.core.columns import EventColumnsLike
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.core.correlate import HostCorrelator
@@ -49,6 +50,9 @@ class DetectionPipeline:
         self._max_buffer = max_buffer
         self._slice_end = -1
         self._buf: dict[str, list[Event]] = {}
+        self._cols: dict[str, list[EventColumnsLike]] = {}
+        """Communicators fed as columns: their parts of the open slice (``_buf`` holds
+        an empty list for them, so the order of communicators is the order of arrival)."""
         self._buffered = 0
 
     def feed(self, events: Iterable[Event]) -> list[IsolationCommand]:
@@ -94,6 +98,30 @@ class DetectionPipeline:
             self._buffered += 1
         return out
 
+    def feed_columns(self, parts: Sequence[EventColumnsLike]) -> list[IsolationCommand]:
+        """As :meth:`feed`, for batches given as columns (one communicator each, e.g. the
+        messages of the Parquet archive): judged by
+        :meth:`~streams.core.comm.CommDetector.observe_columns`, with the same slices,
+        hence the same verdicts and commands as :meth:`feed` of the same events."""
+        out: list[IsolationCommand] = []
+        for cols in parts:
+            if cols.n == 0:
+                continue
+            ts = cols.int("ts_us")
+            ts_lo, ts_hi = int(ts.min()), int(ts.max())
+            if ts_lo >= self._slice_end or self._buffered >= self._max_buffer:
+                if self._buffered:
+                    out += self._flush()
+                if ts_lo >= self._slice_end:
+                    self._slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
+            if ts_hi > self.now:
+                self.now = ts_hi
+            comm = cols.comm
+            self._buf.setdefault(comm, [])
+            self._cols.setdefault(comm, []).append(cols)
+            self._buffered += cols.n
+        return out
+
     def judge_snapshot(self, events: Sequence[Event]) -> list[IsolationCommand]:
         """Judge one snapshot (every rank's dump taken at one moment) as a whole
         (:func:`~streams.core.snapshot.judge_snapshot`); its verdicts go to the same
@@ -126,9 +154,16 @@ class DetectionPipeline:
             d = self.detectors.get(comm)
             if d is None:
                 d = self.detectors[comm] = CommDetector(comm, self.detect_config)
-            verdicts += d.observe(evs)
+            cols = self._cols.get(comm)
+            if cols is None:
+                verdicts += d.observe(evs)
+            elif not evs:
+                verdicts += d.observe_columns(cols[0].concat(cols))
+            else:  # fed both ways in one slice (mixed inputs): as objects
+                verdicts += d.observe(evs + [e for c in cols for e in c.to_events()])
         self.n_events += self._buffered
         self._buf.clear()  # in place: feed() holds a reference to this dict
+        self._cols.clear()
         self._buffered = 0
         now = self.now
         for d in self.detectors.values():

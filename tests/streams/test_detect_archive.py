@@ -90,7 +90,8 @@ def test_the_archive_is_sniffed_and_its_job_comes_from_the_directory(
     assert batches and all(e.job == "arch/job 1" for b in batches for e in b.events)
     # the messages as archived: here the trace's first lines, in their order
     lines = [x.events for x in read_trace(trace) if isinstance(x, TraceLine)]
-    assert [b.events for b in batches] == lines[: len(batches)]
+    assert [list(b.events) for b in batches] == lines[: len(batches)]
+    assert all(b.columns and b.columns[0].n == len(b.events) for b in batches)
 
 
 def test_plain_parquet_of_events_and_foreign_parquet(trace: Path, tmp_path: Path) -> None:
