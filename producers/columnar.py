@@ -43,7 +43,6 @@ producers.events.EventDecodeError: not an Arrow IPC stream: ...
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -72,6 +71,7 @@ __all__ = [
     "MAX_ROWS",
     "EventColumns",
     "LazyEvents",
+    "core_arrays",
     "WireFormat",
     "content_type_of",
     "decode_arrow",
@@ -241,33 +241,62 @@ def encode_batch(events: Sequence[Event], fmt: WireFormat) -> tuple[bytes, list[
 
 
 # ---------------------------------------------------------------------------- decode
-@dataclass(slots=True)
 class EventColumns:
-    """The events of one communicator from one message, as validated columns.
+    """The events of one communicator (one message, or several concatenated), as
+    validated columns.
 
     ``table`` (one record batch) has the canonical types of :data:`EVENT_SCHEMA`
-    (absent optional columns are all-null), rows in message order. Numeric columns come
+    (absent optional columns are all-null), rows in arrival order. Numeric columns come
     out as numpy arrays with a fill value for nulls (:meth:`int`, :meth:`float`), built
-    once and cached.
+    once and cached; a reader that has them for a whole file already (the Parquet
+    archive) passes slices of them in ``arrays``, and :meth:`concat` joins those with
+    numpy, building the Arrow table of the parts only if a row is read as an object.
     """
 
-    comm: str
-    table: pa.RecordBatch
-    _np: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    __slots__ = ("_np", "_parts", "_table", "comm")
+
+    def __init__(
+        self,
+        comm: str,
+        table: pa.RecordBatch | None = None,
+        arrays: dict[str, np.ndarray] | None = None,
+        parts: list[pa.RecordBatch] | None = None,
+    ) -> None:
+        self.comm = comm
+        self._table = table
+        self._parts = parts
+        self._np: dict[str, np.ndarray] = arrays if arrays is not None else {}
+
+    @property
+    def table(self) -> pa.RecordBatch:
+        if self._table is None:
+            assert self._parts is not None
+            batches = pa.Table.from_batches(self._parts).combine_chunks().to_batches()
+            self._table = batches[0]
+            self._parts = None
+        return self._table
 
     @property
     def n(self) -> int:
+        if self._table is None and self._parts is not None:
+            return sum(p.num_rows for p in self._parts)
         return self.table.num_rows
 
     @property
     def job(self) -> str:
-        return str(self.table.column("job")[0].as_py())
+        t = self._parts[0] if self._table is None and self._parts else self.table
+        return str(t.column("job")[0].as_py())
+
+    @property
+    def comm_name(self) -> str | None:
+        t = self._parts[0] if self._table is None and self._parts else self.table
+        return t.column("comm_name")[0].as_py()
 
     @property
     def is_op(self) -> np.ndarray:
-        got = self._np.get("__is_op")
+        got = self._np.get(_IS_OP)
         if got is None:
-            got = self._np["__is_op"] = _np_bool(pc.equal(self.table.column("kind"), "op"))
+            got = self._np[_IS_OP] = _np_bool(pc.equal(self.table.column("kind"), "op"))
         return got
 
     def int(self, name: str, fill: int = -1) -> np.ndarray:
@@ -275,10 +304,7 @@ class EventColumns:
         key = f"{name}:{fill}"
         got = self._np.get(key)
         if got is None:
-            col = self.table.column(name)
-            if col.null_count:
-                col = pc.fill_null(col, fill)
-            got = self._np[key] = col.to_numpy().astype(np.int64, copy=False)
+            got = self._np[key] = _int_column(self.table.column(name), fill)
         return got
 
     def float(self, name: str, fill: float = 0.0) -> np.ndarray:
@@ -286,31 +312,35 @@ class EventColumns:
         key = f"{name}:{fill}"
         got = self._np.get(key)
         if got is None:
-            col = self.table.column(name)
-            if col.null_count:
-                col = pc.fill_null(col, fill)
-            got = self._np[key] = col.to_numpy().astype(np.float64, copy=False)
+            got = self._np[key] = _float_column(self.table.column(name), fill)
         return got
 
     @property
     def ts_us(self) -> np.ndarray:
         return self.int("ts_us")
 
-    @property
-    def comm_name(self) -> str | None:
-        return self.table.column("comm_name")[0].as_py()
-
     def conn_counts(self) -> np.ndarray:
         """Per row: how many connections it carries (0 when absent)."""
-        got = self._np.get("__conns")
+        got = self._np.get(_CONNS)
         if got is None:
-            lengths = pc.fill_null(pc.list_value_length(self.table.column("conns")), 0)
-            got = self._np["__conns"] = lengths.to_numpy().astype(np.int64, copy=False)
+            got = self._np[_CONNS] = _conn_counts(self.table.column("conns"))
         return got
+
+    def conn_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The connections of rows ``idx`` (in order), flat: peer, send (else recv),
+        bytes, time (0 when absent)."""
+        flat = self.table.column("conns").take(pa.array(idx, pa.int64())).flatten()
+        peer, dirs, nbytes, time_us = (flat.field(k) for k in ("peer", "dir", "bytes", "time_us"))
+        return (
+            _int_column(peer),
+            _np_bool(pc.equal(dirs, "send")),
+            _float_column(nbytes),
+            _float_column(time_us),
+        )
 
     def rows(self, idx: np.ndarray) -> LazyEvents:
         """The rows ``idx`` as event objects, built only when first read."""
-        return LazyEvents(self.table, idx)
+        return LazyEvents(self, idx)
 
     def to_events(self) -> list[Event]:
         """The rows as contract event objects, equal to what the JSON decoder gives."""
@@ -318,21 +348,60 @@ class EventColumns:
 
     @staticmethod
     def concat(parts: Sequence[EventColumns]) -> EventColumns:
-        """One communicator's parts (e.g. several messages of one time slice) as one."""
+        """One communicator's parts (e.g. several messages of one time slice) as one:
+        the numpy columns all parts have are concatenated; the Arrow rows only when read."""
         if len(parts) == 1:
             return parts[0]
-        batches = pa.Table.from_batches([p.table for p in parts]).combine_chunks().to_batches()
-        return EventColumns(parts[0].comm, batches[0])
+        keys = set(parts[0]._np).intersection(*(p._np for p in parts[1:]))
+        arrays = {k: np.concatenate([p._np[k] for p in parts]) for k in keys}
+        tables: list[pa.RecordBatch] = []
+        for p in parts:
+            tables += p._parts if p._table is None and p._parts else [p.table]
+        return EventColumns(parts[0].comm, None, arrays, tables)
+
+
+_IS_OP = "__is_op"
+_CONNS = "__conns"
+
+
+def _int_column(col: pa.Array, fill: int = -1) -> np.ndarray:
+    if col.null_count:
+        col = pc.fill_null(col, fill)
+    return col.to_numpy().astype(np.int64, copy=False)
+
+
+def _float_column(col: pa.Array, fill: float = 0.0) -> np.ndarray:
+    if col.null_count:
+        col = pc.fill_null(col, fill)
+    return col.to_numpy().astype(np.float64, copy=False)
+
+
+def _conn_counts(col: pa.Array) -> np.ndarray:
+    lengths = pc.fill_null(pc.list_value_length(col), 0)
+    return lengths.to_numpy().astype(np.int64, copy=False)
+
+
+def core_arrays(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    """The numpy columns the detection core reads, for a whole validated batch (slice
+    them per message and pass them to :class:`EventColumns` as ``arrays``)."""
+    out = {f"{k}:-1": _int_column(batch.column(k)) for k in _CORE_INTS}
+    out.update({f"{k}:0.0": _float_column(batch.column(k)) for k in _CORE_FLOATS})
+    out[_IS_OP] = _np_bool(pc.equal(batch.column("kind"), "op"))
+    out[_CONNS] = _conn_counts(batch.column("conns"))
+    return out
+
+
+_CORE_INTS = ("rank", "nranks", "ts_us", "seq", "started", "completed")
+_CORE_FLOATS = ("exec_us", "inflight_us")
 
 
 class LazyEvents(Sequence[Event]):
-    """Rows of a record batch as event objects, converted on first access (all of the
-    rows at once when iterated, one row when indexed)."""
+    """Rows of a record batch as event objects, all converted on first access."""
 
-    __slots__ = ("_events", "_idx", "_table")
+    __slots__ = ("_cols", "_events", "_idx")
 
-    def __init__(self, table: pa.RecordBatch, idx: np.ndarray) -> None:
-        self._table = table
+    def __init__(self, cols: EventColumns | pa.RecordBatch, idx: np.ndarray) -> None:
+        self._cols = cols
         self._idx = idx
         self._events: list[Event] | None = None
 
@@ -341,16 +410,18 @@ class LazyEvents(Sequence[Event]):
 
     def _all(self) -> list[Event]:
         if self._events is None:
-            self._events = _to_events(self._table.take(pa.array(self._idx, pa.int64())))
+            c = self._cols
+            table = c.table if isinstance(c, EventColumns) else c
+            self._events = _to_events(table.take(pa.array(self._idx, pa.int64())))
         return self._events
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._all())
 
     def __getitem__(self, i):  # type: ignore[no-untyped-def]  # Sequence's overloads
-        if self._events is not None or not isinstance(i, int):
-            return self._all()[i]
-        return _to_events(self._table.slice(int(self._idx[i]), 1))[0]
+        # all rows at once: a reader of one row (a rank seen for the first time) usually
+        # reads more, and a conversion costs tens of microseconds whatever its size
+        return self._all()[i]
 
 
 def _np_bool(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:

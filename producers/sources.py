@@ -54,7 +54,7 @@ from typing import Literal
 import msgspec
 import numpy as np
 
-from producers.columnar import EventColumns, LazyEvents, split_by_comm
+from producers.columnar import EventColumns, LazyEvents
 from producers.events import Event
 from producers.formats.flight_recorder import (
     FlightRecorderError,
@@ -66,7 +66,7 @@ from producers.formats.inspector import inspector_job_from_dir, read_inspector_f
 from producers.formats.parquet_archive import (
     SeenMessages,
     looks_like_parquet,
-    read_parquet_messages,
+    read_parquet_columns,
 )
 from producers.traces import BadLine, TraceLine, read_trace
 
@@ -190,8 +190,7 @@ def _read_file(
                 on_bad(item)
     elif kind == "parquet":
         # one batch per archived message, in event time (tables → objects per message)
-        for row, batch in read_parquet_messages(path, job=job, on_bad=on_bad, seen=seen):
-            cols = split_by_comm(batch)
+        for row, batch, cols in read_parquet_columns(path, job=job, on_bad=on_bad, seen=seen):
             rows = LazyEvents(batch, np.arange(batch.num_rows))
             yield SourceBatch(f"{name}:{row}", rows, columns=cols)
     elif kind == "inspector":

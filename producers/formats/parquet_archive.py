@@ -43,7 +43,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from producers.columnar import EVENT_SCHEMA, table_events, validate_table
+from producers.columnar import (
+    EVENT_SCHEMA,
+    EventColumns,
+    core_arrays,
+    split_by_comm,
+    table_events,
+    validate_table,
+)
 from producers.events import Event, EventDecodeError
 from producers.traces import BadLine
 
@@ -51,6 +58,7 @@ __all__ = [
     "SeenMessages",
     "job_from_path",
     "looks_like_parquet",
+    "read_parquet_columns",
     "read_parquet_events",
     "read_parquet_messages",
 ]
@@ -225,3 +233,33 @@ def read_parquet_events(
         for k in range(i, j):
             yield int(first_rows[k]), events[starts[k] - lo : ends[k] - lo]
         i = j
+
+
+def read_parquet_columns(
+    path: str | Path,
+    *,
+    job: str,
+    on_bad: Callable[[BadLine], None] | None = None,
+    seen: SeenMessages | None = None,
+) -> Iterator[tuple[int, pa.RecordBatch, list[EventColumns]]]:
+    """As :func:`read_parquet_messages`, with each message also as
+    :class:`~producers.columnar.EventColumns` (one per communicator) whose numpy
+    columns are slices of arrays built once for the whole file: per message, no Arrow
+    call at all."""
+    got = _read_ordered(Path(path), job, on_bad, seen)
+    if got is None:
+        return
+    ordered, first_rows, starts = got
+    arrays = core_arrays(ordered)
+    enc = pc.dictionary_encode(ordered.column("comm"))
+    codes = np.asarray(enc.indices.to_numpy(), np.int64)
+    names = enc.dictionary.to_pylist()
+    ends = np.append(starts[1:], ordered.num_rows)
+    for row, s, e in zip(first_rows.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        part = ordered.slice(s, e - s)
+        c = codes[s:e]
+        if c.min() == c.max():  # the usual case: one communicator per message
+            cols = [EventColumns(names[c[0]], part, {k: a[s:e] for k, a in arrays.items()})]
+        else:
+            cols = split_by_comm(part)
+        yield row, part, cols

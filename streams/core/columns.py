@@ -51,6 +51,10 @@ class EventColumnsLike(Protocol):
     def conn_counts(self) -> np.ndarray:
         """Per row: how many connections it carries (0 when absent)."""
 
+    def conn_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The connections of rows ``idx`` (in order), flat: peer, send (else recv),
+        bytes, time (0 when absent)."""
+
     def rows(self, idx: np.ndarray) -> Sequence[Event]:
         """The rows ``idx`` as event objects (built when first read)."""
 

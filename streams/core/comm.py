@@ -40,7 +40,7 @@ from producers.events import Event, OpEvent, ProgressEvent
 from streams.core import checkpoint as ck
 from streams.core.columns import EventColumnsLike
 from streams.core.config import DetectConfig
-from streams.core.detector import Batch, CommView, Detector, Output, Window
+from streams.core.detector import Batch, CommView, ConnArrays, Detector, Output, Window
 from streams.core.findings import Census, Finding, Observation
 from streams.core.ranks import RankTable
 from streams.core.registry import build_detectors, load_detector
@@ -186,9 +186,18 @@ class CommDetector:
         ro, rp = rank[op_rows], rank[pr_rows]
         s = cols.int("seq")[op_rows]
         distinct = np.unique(s).tolist()
-        with_conns = op_rows[cols.conn_counts()[op_rows] > 0]
+        counts = cols.conn_counts()[op_rows]
+        with_conns = op_rows[counts > 0]
+        conns = None
+        if with_conns.size:
+            k = counts[counts > 0]
+            peer, send, nbytes, time_us = cols.conn_arrays(with_conns)
+            conns = ConnArrays(
+                np.repeat(rank[with_conns], k), np.repeat(s[counts > 0], k), peer, send,
+                nbytes, time_us,
+            )  # fmt: skip
         batch = self._fold(
-            cols.rows(with_conns),  # a detector reads op objects only for connections
+            cols.rows(with_conns),  # objects only if a detector reads them
             ro,
             s,
             cols.float("exec_us")[op_rows],
@@ -199,6 +208,7 @@ class CommDetector:
             cols.int("started")[pr_rows],
             cols.int("completed")[pr_rows],
             cols.float("inflight_us")[pr_rows],
+            conns,
         )
         for d in self.detectors:
             d.learn(v, batch)
@@ -326,6 +336,7 @@ class CommDetector:
         st: np.ndarray,
         cp: np.ndarray,
         infl: np.ndarray,
+        conns: ConnArrays | None = None,
     ) -> Batch:
         """:meth:`_batch` from arrays (op fields in arrival order, ``distinct`` seqs
         ascending; ``infl`` 0 where absent), shared by the object and the column path."""
@@ -365,7 +376,7 @@ class CommDetector:
             t.completed[rp] = cp
             t.inflight_us[rp] = infl
             t.prog_recv[rp] = v.now
-        return Batch(ops, r, s, ts, x, distinct, prog, rp, st, cp)  # type: ignore[arg-type]
+        return Batch(ops, r, s, ts, x, distinct, prog, rp, st, cp, conns)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ judging
     def _tick(self) -> Output:

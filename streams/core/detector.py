@@ -41,7 +41,7 @@ from streams.core.findings import Finding, Observation
 from streams.core.ranks import RankTable
 from streams.core.stats import NormalModel
 
-__all__ = ["Batch", "CommView", "Detector", "Output", "Window"]
+__all__ = ["Batch", "CommView", "ConnArrays", "Detector", "Output", "Window"]
 
 Output = list[Finding | Observation]
 
@@ -64,6 +64,22 @@ class Batch:
     """Progress events' rank, in arrival order; ``started``, ``completed`` alike."""
     started: np.ndarray
     completed: np.ndarray
+    conns: ConnArrays | None = None
+    """The connections of the ops that carry any, as arrays, when the batch came as
+    columns (then a detector need not read ``ops``); None: read them from ``ops``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnArrays:
+    """Per connection, in the order of ``Batch.ops``' connections: the op's rank and seq,
+    the peer rank, send (else recv), bytes, time (0 when absent)."""
+
+    rank: np.ndarray
+    seq: np.ndarray
+    peer: np.ndarray
+    send: np.ndarray
+    nbytes: np.ndarray
+    time_us: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ import numpy as np
 from producers.events import OpEvent
 from streams.core import checkpoint as ck
 from streams.core.config import DetectConfig
-from streams.core.detector import Batch, CommView, Output, Window
+from streams.core.detector import Batch, CommView, ConnArrays, Output, Window
 from streams.core.findings import Finding, SlowEvidence
 from streams.core.stats import median
 
@@ -184,6 +184,15 @@ class SlowConnDetector:
 
     def learn(self, view: CommView, batch: Batch) -> None:
         every = self.config.conn_sample_every
+        c = batch.conns
+        if c is not None:  # the columnar path: the same figures, already as arrays
+            if every != 1 and len(c.seq):
+                keep = c.seq % every == 0
+                c = ConnArrays(c.rank[keep], c.seq[keep], c.peer[keep], c.send[keep],
+                               c.nbytes[keep], c.time_us[keep])  # fmt: skip
+            if len(c.rank):
+                self._add_arrays(c.rank, c.peer, c.send, c.nbytes, c.time_us)
+            return
         if not batch.ops:
             return
         if every == 1:
@@ -202,6 +211,11 @@ class SlowConnDetector:
         send = np.array([c.dir == "send" for c in flat], bool)
         nb = np.array([c.bytes for c in flat], np.float64)
         tu = np.array([c.time_us or 0.0 for c in flat], np.float64)
+        self._add_arrays(me, peer, send, nb, tu)
+
+    def _add_arrays(
+        self, me: np.ndarray, peer: np.ndarray, send: np.ndarray, nb: np.ndarray, tu: np.ndarray
+    ) -> None:
         ok = tu > 0
         snd, rcv = np.where(send, me, peer), np.where(send, peer, me)
         if not ok.all():
