@@ -72,6 +72,7 @@ __all__ = [
     "EventColumns",
     "LazyEvents",
     "core_arrays",
+    "slice_arrays",
     "WireFormat",
     "content_type_of",
     "decode_arrow",
@@ -329,6 +330,15 @@ class EventColumns:
     def conn_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The connections of rows ``idx`` (in order), flat: peer, send (else recv),
         bytes, time (0 when absent)."""
+        if _CPEER in self._np:  # flat arrays of this part's connections, from the file
+            counts = self.conn_counts()
+            off = np.zeros(len(counts) + 1, np.int64)
+            np.cumsum(counts, out=off[1:])
+            lens = counts[idx]
+            before = np.zeros(len(lens), np.int64)
+            np.cumsum(lens[:-1], out=before[1:])
+            flat_idx = np.repeat(off[idx] - before, lens) + np.arange(int(lens.sum()))
+            return tuple(self._np[k][flat_idx] for k in _CONN_KEYS)  # type: ignore[return-value]
         flat = self.table.column("conns").take(pa.array(idx, pa.int64())).flatten()
         peer, dirs, nbytes, time_us = (flat.field(k) for k in ("peer", "dir", "bytes", "time_us"))
         return (
@@ -381,14 +391,42 @@ def _conn_counts(col: pa.Array) -> np.ndarray:
     return lengths.to_numpy().astype(np.int64, copy=False)
 
 
-def core_arrays(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
-    """The numpy columns the detection core reads, for a whole validated batch (slice
-    them per message and pass them to :class:`EventColumns` as ``arrays``)."""
-    out = {f"{k}:-1": _int_column(batch.column(k)) for k in _CORE_INTS}
-    out.update({f"{k}:0.0": _float_column(batch.column(k)) for k in _CORE_FLOATS})
-    out[_IS_OP] = _np_bool(pc.equal(batch.column("kind"), "op"))
-    out[_CONNS] = _conn_counts(batch.column("conns"))
+def core_arrays(batch: pa.RecordBatch) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The numpy columns the detection core reads, for a whole validated batch: per row,
+    and per connection (flat, in row order; row ``i`` owns ``offsets[i]:offsets[i+1]``).
+    Slice them per message with :func:`slice_arrays` for :class:`EventColumns`."""
+    rows = {f"{k}:-1": _int_column(batch.column(k)) for k in _CORE_INTS}
+    rows.update({f"{k}:0.0": _float_column(batch.column(k)) for k in _CORE_FLOATS})
+    rows[_IS_OP] = _np_bool(pc.equal(batch.column("kind"), "op"))
+    counts = rows[_CONNS] = _conn_counts(batch.column("conns"))
+    flat = batch.column("conns").flatten()
+    conns = dict(zip(_CONN_KEYS, (
+        _int_column(flat.field("peer")),
+        _np_bool(pc.equal(flat.field("dir"), "send")),
+        _float_column(flat.field("bytes")),
+        _float_column(flat.field("time_us")),
+    ), strict=True))  # fmt: skip
+    off = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=off[1:])
+    conns[_COFF] = off
+    return rows, conns
+
+
+def slice_arrays(
+    arrays: tuple[dict[str, np.ndarray], dict[str, np.ndarray]], start: int, end: int
+) -> dict[str, np.ndarray]:
+    """Rows ``start:end`` of :func:`core_arrays` (views, no copy)."""
+    rows, conns = arrays
+    out = {k: a[start:end] for k, a in rows.items()}
+    off = conns[_COFF]
+    lo, hi = int(off[start]), int(off[end])
+    out.update({k: conns[k][lo:hi] for k in _CONN_KEYS})
     return out
+
+
+_CONN_KEYS = ("__cpeer", "__csend", "__cbytes", "__ctime")
+_CPEER = _CONN_KEYS[0]
+_COFF = "__coff"
 
 
 _CORE_INTS = ("rank", "nranks", "ts_us", "seq", "started", "completed")

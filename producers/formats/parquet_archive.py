@@ -47,6 +47,7 @@ from producers.columnar import (
     EVENT_SCHEMA,
     EventColumns,
     core_arrays,
+    slice_arrays,
     split_by_comm,
     table_events,
     validate_table,
@@ -259,7 +260,7 @@ def read_parquet_columns(
         part = ordered.slice(s, e - s)
         c = codes[s:e]
         if c.min() == c.max():  # the usual case: one communicator per message
-            cols = [EventColumns(names[c[0]], part, {k: a[s:e] for k, a in arrays.items()})]
+            cols = [EventColumns(names[c[0]], part, slice_arrays(arrays, s, e))]
         else:
             cols = split_by_comm(part)
         yield row, part, cols
