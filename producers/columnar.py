@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -90,8 +90,8 @@ __all__ = [
 CONTENT_TYPE_HEADER = "content-type"
 ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 JSON_CONTENT_TYPE = "application/json"
-WireFormat = str
-"""``"json"`` or ``"arrow"``: what ``--format`` of the exporter and replay takes."""
+WireFormat = Literal["json", "arrow"]
+"""What ``--format`` of the exporter and replay takes."""
 
 MAX_MESSAGE_BYTES = 32 << 20
 """Larger messages are refused unread (Kafka's own default limit is 1 MB)."""
