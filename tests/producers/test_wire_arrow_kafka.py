@@ -7,8 +7,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from typer.testing import CliRunner
 
 from c4base.kafka import KafkaConfig
+from c4stream.cli import app
 from producers.columnar import ARROW_CONTENT_TYPE, content_type_of, decode_arrow, decode_events
 from producers.exporter import Exporter
 from producers.replay import ReplayConfig, replay
@@ -104,3 +106,26 @@ def test_replay_of_the_parquet_archive_sends_its_events(
     assert Counter(map(key, _events(msgs))) == Counter(
         map(key, iter_events(tmp_path / "sim.jsonl.gz"))
     )
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(90)
+def test_replay_cli_format_flag(tmp_path: Path, kafka_bootstrap: str, make_topics) -> None:
+    topics = make_topics({"events": 2, "deadletter": 1})
+    cfg = msgspec.structs.replace(with_gpus(SCENARIOS["healthy"], 16), duration_s=2, seed=1)
+    written = write_trace(cfg, tmp_path / "t.jsonl", tmp_path / "truth.json")
+    runner = CliRunner()
+    bad = runner.invoke(app, ["replay", str(tmp_path / "t.jsonl"), "--format", "xml"])
+    assert bad.exit_code == 2 and "--format" in bad.output
+    result = runner.invoke(
+        app,
+        [
+            "replay", str(tmp_path / "t.jsonl"), "--format", "arrow", "--speed", "max",
+            "--no-progress", "--bootstrap", kafka_bootstrap,
+            "--topic", topics["events"], "--deadletter-topic", topics["deadletter"],
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    msgs = consume(kafka_bootstrap, topics["events"], expect=written.lines)
+    assert msgs and all(content_type_of(m.headers()) == ARROW_CONTENT_TYPE.encode() for m in msgs)
+    assert len(_events(msgs)) == written.events
