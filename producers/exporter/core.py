@@ -224,7 +224,7 @@ class Exporter:
             unit = self._batches[ev.comm] = _Unit(self.config.events_topic, ev.comm.encode())
         if self._arrow:
             unit.events.append(ev)
-            # an upper bound of the row's size in the IPC batch (strings, numbers, conns)
+            # an estimate, on the high side, of the row's size in the IPC batch
             unit.nbytes += _ARROW_ROW_BYTES + _ARROW_CONN_BYTES * len(ev.conns or ())
         else:
             part = _encode_event(ev)
