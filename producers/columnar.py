@@ -77,6 +77,7 @@ __all__ = [
     "content_type_of",
     "decode_arrow",
     "decode_events",
+    "decode_columns_many",
     "decode_events_many",
     "encode_arrow",
     "encode_batch",
@@ -890,4 +891,56 @@ def decode_events_many(
             out[i] = _to_events(validate_table(b))
         except EventDecodeError as err:
             out[i] = err
+    return out
+
+
+def decode_columns_many(
+    messages: Sequence[tuple[bytes, bytes | str | None]],
+) -> list[list[Event] | list[EventColumns] | EventDecodeError]:
+    """As :func:`decode_events_many`, but Arrow messages come out as columns (one
+    :class:`EventColumns` per communicator, in order of first appearance): the batch's
+    Arrow rows are validated together and turned into numpy once; each message's
+    columns are views of those arrays. JSON messages come out as event objects."""
+    out: list[list[Event] | list[EventColumns] | EventDecodeError] = [[] for _ in messages]
+    arrow: list[tuple[int, pa.RecordBatch]] = []
+    for i, (data, ct) in enumerate(messages):
+        try:
+            if is_arrow(ct, data):
+                batch = _read_stream(data)
+                if batch.num_rows == 0:
+                    raise EventDecodeError("empty message: no events")
+                arrow.append((i, batch))
+            else:
+                out[i] = decode_message(data)
+        except EventDecodeError as err:
+            out[i] = err
+    if not arrow:
+        return out
+    whole: pa.RecordBatch | None = None
+    if all(b.schema.equals(EVENT_SCHEMA) for _, b in arrow):
+        try:
+            whole = validate_table(_one_batch(pa.Table.from_batches([b for _, b in arrow])))
+        except EventDecodeError:
+            whole = None  # find the bad message(s) one by one below
+    if whole is None:
+        for i, b in arrow:
+            try:
+                out[i] = split_by_comm(validate_table(b))
+            except EventDecodeError as err:
+                out[i] = err
+        return out
+    arrays = core_arrays(whole)
+    enc = pc.dictionary_encode(whole.column("comm"))
+    codes = np.asarray(enc.indices.to_numpy(), np.int64)
+    names = enc.dictionary.to_pylist()
+    start = 0
+    for i, b in arrow:
+        end = start + b.num_rows
+        part = whole.slice(start, b.num_rows)
+        c = codes[start:end]
+        if c.min() == c.max():
+            out[i] = [EventColumns(names[c[0]], part, slice_arrays(arrays, start, end))]
+        else:
+            out[i] = split_by_comm(part)
+        start = end
     return out
