@@ -13,6 +13,7 @@ from typing import Protocol
 from producers.events import Event
 from streams.commands import IsolationCommand
 from streams.core import CommDetector, HostCorrelator, build_detectors
+from streams.core.columns import EventColumnsLike
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.verdicts import Verdict
 
@@ -23,6 +24,7 @@ class DetectorLike(Protocol):
     """State of one communicator (``streams.core.CommDetector``)."""
 
     def observe(self, events: Sequence[Event]) -> list[Verdict]: ...
+    def observe_columns(self, cols: EventColumnsLike) -> list[Verdict]: ...
     def advance(self, now_us: int) -> list[Verdict]: ...
     def to_bytes(self) -> bytes: ...
 

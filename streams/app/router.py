@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from c4base.deadletter import DeadLetter
-from producers.columnar import decode_events_many
+from producers.columnar import EventColumns, decode_columns_many
 from producers.events import Event, EventDecodeError
 from streams.app.checkpoint import CheckpointSchedule
 from streams.app.deadletter import Record, dead_letter, refused_checkpoint
@@ -101,6 +102,21 @@ def contract_problem(events: Sequence[Event]) -> str | None:
     return None
 
 
+_Group = tuple[list[Event], list[tuple[Record, "list[Event] | EventColumns"]], list[EventColumns]]
+"""One communicator's open slice: its events as objects, (record, its events) per
+message, and its events as columns (Arrow messages)."""
+
+
+def _observe(det: DetectorLike, events: list[Event], cols: list[EventColumns]) -> list[Verdict]:
+    """Columns go to ``observe_columns`` (same verdicts as ``observe``); a slice that
+    mixes JSON and Arrow messages of one communicator goes as objects."""
+    if not cols:
+        return det.observe(events)
+    if not events:
+        return det.observe_columns(EventColumns.concat(cols))
+    return det.observe(events + [e for c in cols for e in c.to_events()])
+
+
 class _Comm:
     __slots__ = ("detector", "partition")
 
@@ -134,7 +150,7 @@ class CommRouter:
         self.clock_us: dict[int, int] = {}
         self._advanced_us: dict[int, int] = {}
         self._slice_end: dict[int, int] = {}
-        self.pending: dict[int, dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]]
+        self.pending: dict[int, dict[str, _Group]]
         self.pending = {}
         """Per partition, the events of its open event-time slice, by communicator:
         comm -> (its events, (record, its events) per message)."""
@@ -183,20 +199,24 @@ class CommRouter:
         # a catch-up batch spanning minutes of event time is judged slice by slice, and a
         # slice spread over many small batches is judged at once, like offline.
         pending = self.pending
-        # JSON or Arrow; Arrow messages of the batch are validated together (cheaper)
-        decoded = decode_events_many([(rec.value, rec.content_type) for rec in records])
+        # JSON → event objects; Arrow → numpy columns per communicator (the batch's Arrow
+        # messages validated and converted together), judged by observe_columns
+        decoded = decode_columns_many([(rec.value, rec.content_type) for rec in records])
         for rec, events in zip(records, decoded, strict=True):
             if isinstance(events, EventDecodeError):
                 out.deadletters.append(dead_letter(rec, f"undecodable message: {events}"))
                 continue
-            problem = contract_problem(events)
+            if events and isinstance(events[0], EventColumns):
+                self._take_columns(rec, events, out)  # type: ignore[arg-type]
+                continue
+            problem = contract_problem(events)  # type: ignore[arg-type]
             if problem is not None:
                 out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
                 continue
             st.events += len(events)
             p = rec.partition
             self._active.add(p)
-            top = max(ev.ts_us for ev in events)
+            top = max(ev.ts_us for ev in events)  # type: ignore[union-attr]
             end = self._slice_end.get(p)
             if end is None or top >= end:
                 if end is not None and p in pending:
@@ -211,7 +231,7 @@ class CommRouter:
                 g = groups.get(first)
                 if g is None:
                     self._comm(first, p)  # restored (or created) on arrival, like status says
-                    g = groups[first] = ([], [])
+                    g = groups[first] = ([], [], [])
                 g[0].extend(events)
                 g[1].append((rec, events))
             else:
@@ -222,7 +242,7 @@ class CommRouter:
                     g = groups.get(comm)
                     if g is None:
                         self._comm(comm, p)
-                        g = groups[comm] = ([], [])
+                        g = groups[comm] = ([], [], [])
                     g[0].extend(evs)
                     g[1].append((rec, evs))
         for p in settle:
@@ -237,18 +257,48 @@ class CommRouter:
         self._count(out)
         return out
 
-    def _judge(
-        self,
-        p: int,
-        groups: dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]],
-        out: Output,
-    ) -> None:
+    def _take_columns(self, rec: Record, parts: list[EventColumns], out: Output) -> None:
+        """An Arrow message (already validated): the same steps as for event objects."""
+        for cols in parts:
+            bad = np.flatnonzero(cols.int("rank") >= cols.int("nranks"))
+            if bad.size:  # worded as contract_problem words it
+                i = int(bad[0])
+                problem = (
+                    f"event {i}: rank {int(cols.int('rank')[i])} is not below nranks "
+                    f"{int(cols.int('nranks')[i])}"
+                )
+                out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
+                return
+        self.stats.events += sum(c.n for c in parts)
+        p = rec.partition
+        self._active.add(p)
+        top = max(int(c.ts_us.max()) for c in parts)
+        end = self._slice_end.get(p)
+        pending = self.pending
+        if end is None or top >= end:
+            if end is not None and p in pending:
+                self._judge(p, pending.pop(p), out)
+                self._advance_partition(p, out)
+            self._slice_end[p] = top - top % self.advance_every_us + self.advance_every_us
+        if top > self.clock_us.get(p, -1):
+            self.clock_us[p] = top
+        groups = pending.setdefault(p, {})
+        for cols in parts:
+            g = groups.get(cols.comm)
+            if g is None:
+                self._comm(cols.comm, p)
+                g = groups[cols.comm] = ([], [], [])
+            g[2].append(cols)
+            g[1].append((rec, cols))
+
+    def _judge(self, p: int, groups: dict[str, _Group], out: Output) -> None:
         now = self.wall()
         clock = self.clock_us[p]
-        for comm, (events, parts) in groups.items():
+        for comm, (events, parts, cols) in groups.items():
             c = self._comm(comm, p)
+            n = len(events) + sum(x.n for x in cols)
             try:
-                out.concluded(c.detector.observe(events), clock)
+                out.concluded(_observe(c.detector, events, cols), clock)
             except Exception as err:
                 if len(parts) == 1:
                     self._detector_failed(comm, err, parts[0][0], out)
@@ -256,10 +306,13 @@ class CommRouter:
                 # Retry message by message so only the offending one is dead-lettered.
                 for rec, evs in parts:
                     try:
-                        out.concluded(c.detector.observe(evs), clock)
+                        if isinstance(evs, EventColumns):
+                            out.concluded(_observe(c.detector, [], [evs]), clock)
+                        else:
+                            out.concluded(c.detector.observe(evs), clock)
                     except Exception as err1:
                         self._detector_failed(comm, err1, rec, out)
-            self.schedule.touch(comm, len(events), now)
+            self.schedule.touch(comm, n, now)
 
     def _detector_failed(self, comm: str, err: Exception, rec: Record, out: Output) -> None:
         self.stats.detector_errors += 1
