@@ -38,7 +38,13 @@ from pathlib import Path
 
 import msgspec
 
-from producers.columnar import decode_arrow, decode_events, decode_events_many, encode_arrow
+from producers.columnar import (
+    decode_arrow,
+    decode_columns_many,
+    decode_events,
+    decode_events_many,
+    encode_arrow,
+)
 from producers.events import decode_message
 from producers.formats.parquet_archive import read_parquet_messages
 from producers.simulator import SCENARIOS, with_gpus, write_trace
@@ -151,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                 n += sum(len(x) for x in got if isinstance(x, list))
             return n
 
+        def dec_arrow_cols_many() -> int:
+            n = 0
+            for k in range(0, len(arrow_msgs), 500):
+                got = decode_columns_many([(m, None) for m in arrow_msgs[k : k + 500]])
+                n += sum(c.n for x in got if isinstance(x, list) for c in x)  # type: ignore[union-attr]
+            return n
+
         def read_parquet() -> int:
             return sum(
                 t.num_rows for f in parquet_files for _, t in read_parquet_messages(f, job="j")
@@ -163,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             ("decode Arrow IPC → event objects, 500 messages at once", *_cpu(dec_arrow_many), "")
         )
+        rows.append(
+            ("decode Arrow IPC → numpy columns, 500 messages at once (as the worker)",
+             *_cpu(dec_arrow_cols_many), "")
+        )  # fmt: skip
         rows.append(("read Parquet archive → message columns", *_cpu(read_parquet), ""))
         res = None
 
