@@ -15,14 +15,16 @@ from producers.columnar import (
     CONN_TYPE,
     EVENT_SCHEMA,
     MAX_MESSAGE_BYTES,
+    EventColumns,
     decode_arrow,
+    decode_columns_many,
     decode_events,
     decode_events_many,
     encode_arrow,
     encode_batch,
     is_arrow,
 )
-from producers.events import EventDecodeError, decode_message, encode_message
+from producers.events import EventDecodeError, OpEvent, decode_message, encode_message
 from producers.simulator import SimConfig, simulate
 from tests.producers.test_event_contract import GOOD, SCHEMA, VALIDATOR, _mutations, _op
 
@@ -201,3 +203,28 @@ def test_decoding_many_at_once_equals_one_by_one() -> None:
     assert sum(isinstance(x, str) for x in many) == 2  # the bad v and the truncated stream
     # all good: one pass over the concatenated rows
     assert decode_events_many([(m, None) for m in good]) == [decode_events(m, None) for m in good]
+
+
+def test_columns_many_equal_events_many() -> None:
+    a1, b1, a2 = _op(comm="0xb", seq=1), _op(comm="0xa", seq=1), _op(comm="0xb", seq=2)
+    foreign = _ipc(_rows([json.loads(encode_message(GOOD[1]))]))  # inferred, other types
+    bad_v = _ipc(_rows([{**json.loads(encode_message(GOOD[0])), "v": 2}]))
+    for msgs in (
+        [(encode_arrow([a1, b1, a2]), None), (encode_arrow(GOOD), None), (b"[]", None)],
+        [(encode_arrow(GOOD), None), (foreign, None), (bad_v, None), (encode_message(GOOD), None)],
+    ):
+        cols = decode_columns_many(msgs)
+        objs = decode_events_many(msgs)
+        for c, o in zip(cols, objs, strict=True):
+            if isinstance(o, EventDecodeError):
+                assert isinstance(c, EventDecodeError) and str(c) == str(o)
+            elif c and isinstance(c[0], EventColumns):
+                got = [e for part in c for e in part.to_events()]  # type: ignore[union-attr]
+                assert sorted(map(encode_message, got)) == sorted(map(encode_message, o))
+                assert all(len({e.comm for e in p.to_events()}) == 1 for p in c)  # type: ignore[union-attr]
+                assert [p.int("seq").tolist() for p in c] == [  # type: ignore[union-attr]
+                    [e.seq if isinstance(e, OpEvent) else -1 for e in p.to_events()]
+                    for p in c  # type: ignore[union-attr]
+                ]
+            else:
+                assert c == o
