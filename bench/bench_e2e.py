@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from c4base.kafka import KafkaConfig
 from compose.local_broker import ensure_broker
+from producers.columnar import WireFormat
 from producers.events import Event
 from producers.replay import ReplayConfig, replay
 from producers.simulator import SCENARIOS, FaultSpec, with_gpus, write_trace
@@ -93,13 +94,16 @@ def _worker(bootstrap: str, tmp: Path, prefix: str) -> WorkerProcess:
     return start_worker_process(_worker_config(bootstrap, tmp, prefix))
 
 
-def _replay_cfg(bootstrap: str, prefix: str, speed: float | None) -> ReplayConfig:
+def _replay_cfg(
+    bootstrap: str, prefix: str, speed: float | None, fmt: WireFormat = "json"
+) -> ReplayConfig:
     return ReplayConfig(
         kafka=KafkaConfig(bootstrap=bootstrap, topic_prefix=prefix),
         events_topic=f"{prefix}c4.events",
         deadletter_topic=f"{prefix}c4.deadletter",
         speed=speed,
         progress=False,
+        format=fmt,
     )
 
 
@@ -125,14 +129,17 @@ def throughput(bootstrap: str, trace: Path, tmp: Path, label: str) -> dict[str, 
     }
 
 
-def latency(bootstrap: str, trace: Path, truth: Path, tmp: Path) -> dict[str, float]:
-    prefix = f"lat-{int(time.time())}."
+def latency(
+    bootstrap: str, trace: Path, truth: Path, tmp: Path, fmt: WireFormat = "json"
+) -> dict[str, float]:
+    """``fmt``: the wire form replay sends (``json`` arrays or ``arrow`` batches)."""
+    prefix = f"lat-{fmt}-{int(time.time())}."
     epoch_us = json.loads(truth.read_text())["epoch_us"]
     with _worker(bootstrap, tmp, prefix) as w:
         w.wait_ready(120)
         # Replay paces trace time from its first message, which starts at the epoch.
         wall0 = time.time()
-        replay([trace], _replay_cfg(bootstrap, prefix, 1.0))
+        replay([trace], _replay_cfg(bootstrap, prefix, 1.0, fmt))
         time.sleep(3)
     topic = f"{prefix}c4.verdicts"
     consumer = Consumer(KafkaConfig(bootstrap=bootstrap).consumer_config(f"bench-{prefix}"))
