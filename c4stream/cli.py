@@ -14,6 +14,9 @@ import compose.cli
 import producers.cli
 import sinks.cli
 import streams.cli
+from c4base.settings_loader import SettingsError
+from c4stream.config import check_config
+from c4stream.demo.run import DemoConfig, run_demo
 
 app = typer.Typer(
     name="c4stream",
@@ -45,9 +48,6 @@ def config_check(
     """
     from rich.console import Console
     from rich.markup import escape
-
-    from c4stream.config import check_config
-    from c4stream.settings_loader import SettingsError
 
     console = Console()
     try:
@@ -98,7 +98,6 @@ def demo(
     simulated 128-GPU job, shows decisions live, stops everything and writes
     OUT/report.html and the Parquet archive OUT/archive.
     """
-    from c4stream.demo.run import DemoConfig, run_demo
 
     result = run_demo(
         DemoConfig(

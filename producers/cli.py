@@ -10,7 +10,17 @@ from typing import Annotated
 
 import typer
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+from c4base.config import flag_overrides, load_section
+from c4base.kafka import KafkaConfig
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from producers.exporter import ExporterConfig, run_exporter
+from producers.exporter.core import EXPORTER_SECTION
+from producers.replay import ReplayConfig, parse_speed
+from producers.replay import replay as run_replay
+from producers.simulator.cli_impl import list_scenarios, resolve_config, run
+from producers.simulator.config import SimConfigError
+from producers.sources import SourceError
 
 
 def simulate(
@@ -28,9 +38,6 @@ def simulate(
 ) -> None:
     """Simulate a training job with injected faults into a trace and a ground truth."""
     from rich.console import Console
-
-    from producers.simulator.cli_impl import list_scenarios, resolve_config, run
-    from producers.simulator.config import SimConfigError
 
     console = Console()
     if list_:
@@ -83,16 +90,11 @@ def exporter(
     """Follow an NCCL Inspector dump directory and publish its events to Kafka."""
     from rich.console import Console
 
-    from c4stream.config import flag_overrides, load_section
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from producers.exporter import ExporterConfig, run_exporter
-
     # Flags given on the command line win over [exporter]; [exporter] over the defaults.
     flags = flag_overrides(ctx, _EXPORTER_FLAGS)
     try:
         svc = start_service(config, ctx, stage="exporter")
-        cfg: ExporterConfig = load_section("exporter", config, overrides=flags)
+        cfg: ExporterConfig = load_section("exporter", EXPORTER_SECTION, config, overrides=flags)
     except SettingsError as err:
         if directory is None and "`directory`" in str(err):
             raise typer.BadParameter(
@@ -139,11 +141,6 @@ def replay(
 ) -> None:
     """Publish a recorded trace to Kafka at its recorded pace scaled by --speed."""
     from rich.console import Console
-
-    from c4stream.kafka import KafkaConfig
-    from producers.replay import ReplayConfig, parse_speed
-    from producers.replay import replay as run_replay
-    from producers.sources import SourceError
 
     console = Console(stderr=True)
     try:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, Message
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
 from producers.events import Event, encode_message
 from producers.exporter.publisher import Publisher, PublisherConfig
 from producers.sources import BadLine, SourceBatch, open_sources

@@ -10,7 +10,13 @@ from typing import Annotated
 
 import typer
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from streams.app.settings import WorkerConfigError, load_worker_config
+from streams.app.topics_admin import TopicSetupError
+from streams.core import PolicyConfig
+from streams.detect import DetectInputError, run_detect, summary_table
+from streams.worker import run_worker
 
 
 def register(app: typer.Typer) -> None:
@@ -46,11 +52,6 @@ def worker(
     Logs and the Prometheus /metrics endpoint follow [log] and [metrics] of --config;
     the flags win over the file.
     """
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from streams.app.settings import WorkerConfigError, load_worker_config
-    from streams.app.topics_admin import TopicSetupError
-    from streams.worker import run_worker
 
     try:
         cfg = load_worker_config(
@@ -93,9 +94,6 @@ def detect(
     import sys
 
     from rich.console import Console
-
-    from streams.core import PolicyConfig
-    from streams.detect import DetectInputError, run_detect, summary_table
 
     err = Console(stderr=True, highlight=False)
     policy = PolicyConfig(dry_run=not no_dry_run, deny_hosts=list(deny or []), job_hosts=job_hosts)

@@ -22,10 +22,15 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 from c4stream.demo.receiver import WebhookReceiver
 from c4stream.demo.services import ServiceGroup
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from compose.local_broker import create_topics, ensure_broker
+from producers.replay import ReplayConfig, replay
+from producers.simulator import SCENARIOS, with_gpus, write_trace
+from producers.traces import iter_events
+from sinks.report import lateness_maps, write_report
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
@@ -100,7 +105,6 @@ class _Replayer(threading.Thread):
         self._t0 = time.monotonic()
 
     def run(self) -> None:
-        from producers.replay import replay
 
         self._t0 = time.monotonic()
         try:
@@ -187,11 +191,6 @@ def _all_found(cmds: list[IsolationCommand], truth: dict[str, Any]) -> bool:
 
 def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     """Run the whole demo; every child process is stopped before this returns."""
-    from compose.local_broker import create_topics, ensure_broker
-    from producers.replay import ReplayConfig
-    from producers.simulator import SCENARIOS, with_gpus, write_trace
-    from producers.traces import iter_events
-    from sinks.report import lateness_maps, write_report
 
     console = console or Console()
     out = config.out_dir.resolve()

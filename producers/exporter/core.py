@@ -29,10 +29,11 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, Message
 
-from c4stream.consumer_lag import observe_latency
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
-from c4stream.metrics import Metrics
+from c4base.config import Section
+from c4base.consumer_lag import observe_latency
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.metrics import Metrics
 from producers.events import encode_message
 from producers.exporter.positions import FilePosition, PositionStore
 from producers.exporter.publisher import Publisher, PublisherConfig, PublisherStopped
@@ -304,3 +305,7 @@ class Exporter:
             delivered=s.delivered,
             delivery_errors=s.delivery_errors,
         )
+
+
+EXPORTER_SECTION = Section(ExporterConfig)
+"""``[exporter]`` of ``c4stream.toml``."""

@@ -56,7 +56,7 @@ from typing import Annotated
 import msgspec
 
 from producers.events import Conn, OpEvent
-from producers.traces import BadLine
+from producers.traces import BadLine, _open_binary
 
 __all__ = [
     "InspectorError",
@@ -230,7 +230,6 @@ def read_inspector_file(
     line without its newline (still being written) is ignored. Reads gzip too
     (``.log.gz``, as NVIDIA's exporter accepts).
     """
-    from producers.traces import _open_binary  # one place knows how to sniff gzip
 
     name = str(path)
     with _open_binary(Path(path), "r") as fh:

@@ -16,8 +16,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
-from sinks.actuator.config import DEFAULT_LEDGER, ActuatorConfig
+from c4base.config import flag_overrides, load_section
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from sinks.actuator.backends import ActuatorError
+from sinks.actuator.command_backend import CommandBackend
+from sinks.actuator.config import ACTUATOR_SECTION, DEFAULT_LEDGER, ActuatorConfig
+from sinks.actuator.consumer import run
+from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
+from sinks.actuator.ledger import Ledger
 
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
@@ -137,12 +144,6 @@ def actuate(
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
     log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
 ) -> None:
-    from c4stream.config import flag_overrides, load_section
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from sinks.actuator.backends import ActuatorError
-    from sinks.actuator.consumer import run
-    from sinks.actuator.ledger import Ledger
 
     # Flags given on the command line win over the file; the file over the defaults.
     flags = flag_overrides(
@@ -154,7 +155,7 @@ def actuate(
         svc = start_service(
             config, ctx, stage="actuator", log_values={"log_level": "DEBUG"} if verbose else None
         )
-        cfg: ActuatorConfig = load_section("actuator", config, overrides=flags)
+        cfg: ActuatorConfig = load_section("actuator", ACTUATOR_SECTION, config, overrides=flags)
     except SettingsError as err:
         typer.echo(f"c4stream actuate: {err}", err=True)
         raise typer.Exit(2) from None
@@ -205,10 +206,7 @@ _FLAG_KEYS = {
 def make_backend(cfg: ActuatorConfig) -> Backend:
     """The configured backend; with --execute it checks it can really act (fail fast)."""
     if cfg.backend == "command":
-        from sinks.actuator.command_backend import CommandBackend
-
         return CommandBackend(cfg.command, check_programs=cfg.execute)
-    from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
 
     client = load_api_client(cfg.kubernetes) if cfg.execute else None
     return KubernetesBackend(cfg.kubernetes, client)

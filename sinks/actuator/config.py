@@ -15,8 +15,9 @@ from typing import Literal
 
 import msgspec
 
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from c4base.config import Section
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 
 __all__ = [
     "DEFAULT_LEDGER",
@@ -105,3 +106,7 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """Whether ``host`` matches a deny pattern (host names are case-insensitive)."""
         h = host.lower()
         return any(fnmatchcase(h, p.lower()) for p in self.deny)
+
+
+ACTUATOR_SECTION = Section(ActuatorConfig)
+"""``[actuator]`` of ``c4stream.toml``."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from c4stream.deadletter import DeadLetter
+from c4base.deadletter import DeadLetter
 from streams.app.checkpoint import CheckpointSchedule
 from streams.commands import IsolationCommand
 from streams.verdicts import Verdict

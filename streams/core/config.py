@@ -30,7 +30,7 @@ def _default_actions() -> dict[Fault, Action]:
     }
 
 
-class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
+class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Thresholds and windows of the per-communicator detectors (times in µs).
 
     Defaults suit a training job with iterations of ~0.1-2 s and heartbeats every ~1 s.
@@ -90,7 +90,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Inter-host connections per window needed before the throughput matrix is judged."""
 
 
-class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True):
+class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Safety rails between verdicts and isolation commands (times in µs)."""
 
     dry_run: bool = True

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
 from c4stream.cli import app
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
 from producers.events import OpEvent, ProgressEvent, decode_message
 from producers.replay import ReplayConfig, replay
 from producers.traces import TraceWriter
