@@ -21,7 +21,7 @@ from collections.abc import Callable
 import httpx
 
 from sinks.alert.config import AlertConfig
-from sinks.alert.delivery import Delivery
+from sinks.alert.delivery import Delivery, Done
 from sinks.alert.grouping import Grouper, Observation
 from sinks.alert.model import Notification
 from sinks.alert.routing import Router
@@ -65,6 +65,7 @@ class Alerter:
             targets,
             queue_size=cfg.queue_size,
             max_attempts=cfg.max_attempts,
+            retry_for_s=cfg.retry_for_s,
             backoff_base_s=cfg.backoff_base_s,
             backoff_max_s=cfg.backoff_max_s,
             retry_after_max_s=cfg.retry_after_max_s,
@@ -91,22 +92,36 @@ class Alerter:
     async def __aexit__(self, *exc: object) -> None:
         await self.delivery.aclose()
 
-    def dispatch(self, notifications: list[Notification]) -> int:
-        """Queue each notification for its destinations; returns how many were queued."""
-        queued = 0
-        for n in notifications:
-            for name in self.router.route(n):
+    def routes(self, notifications: list[Notification]) -> list[tuple[str, Notification]]:
+        """(destination, notification) pairs to send."""
+        return [(name, n) for n in notifications for name in self.router.route(n)]
+
+    def dispatch(
+        self, notifications: list[Notification], done: Callable[[], Done] | None = None
+    ) -> int:
+        """Queue each notification for its destinations; returns how many were queued.
+        ``done`` makes one completion callback per queued copy."""
+        pairs = self.routes(notifications)
+        for name, n in pairs:
+            if done is None:
                 self.delivery.offer(name, n)
-                queued += 1
-        return queued
+            else:
+                self.delivery.offer(name, n, done())
+        return len(pairs)
 
     def on_command(self, cmd: IsolationCommand) -> int:
-        return self.dispatch(self.grouper.observe(Observation.of_command(cmd), self.clock()))
+        return self.dispatch(self.command_notifications(cmd))
 
     def on_verdict(self, v: Verdict) -> int:
+        return self.dispatch(self.verdict_notifications(v))
+
+    def command_notifications(self, cmd: IsolationCommand) -> list[Notification]:
+        return self.grouper.observe(Observation.of_command(cmd), self.clock())
+
+    def verdict_notifications(self, v: Verdict) -> list[Notification]:
         if not self.include_verdicts:
-            return 0
-        return self.dispatch(self.grouper.observe(Observation.of_verdict(v), self.clock()))
+            return []
+        return self.grouper.observe(Observation.of_verdict(v), self.clock())
 
     def tick(self) -> int:
         """Resolve quiet alerts; call about once a second."""
