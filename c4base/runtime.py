@@ -51,9 +51,10 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from c4base.consumer_lag import LagMonitor
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
-from c4base.metrics import MetricsLike, NullMetrics
+from c4base.metrics import Metrics, MetricsLike, NullMetrics
 
 __all__ = [
     "BaseHandler",
@@ -619,6 +620,12 @@ class ConsumerRunner:
             self._producer, cfg.deadletter_topic, cfg.stage, metrics=self.metrics
         )
         self._consumer = Consumer(self._consumer_config())
+        # Lag costs a watermark query per partition: only when metrics are served.
+        self._lag = (
+            LagMonitor(self._consumer, self.metrics, cfg.stage)
+            if isinstance(self.metrics, Metrics)
+            else None
+        )
         self._consumer.subscribe(
             cfg.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -697,6 +704,8 @@ class ConsumerRunner:
                 return
             self._handle(self._retry.records)
             return
+        if self._lag is not None:
+            self._lag.maybe_update()
         msgs = self._consumer.consume(self.cfg.batch_size, self.cfg.poll_timeout_s)
         self.last_poll = self._clock()
         records = []
