@@ -147,7 +147,8 @@ def _ctx(command: str, argv: list[str]):
 
 
 def test_flags_win_over_the_file_which_wins_over_defaults(tmp_path: Path) -> None:
-    from sinks.actuator.cli import _FLAG_KEYS
+    from c4base.cli_options import given
+    from sinks.actuator.cli import actuate
 
     cfg_file = tmp_path / "c4stream.toml"
     cfg_file.write_text(
@@ -155,8 +156,13 @@ def test_flags_win_over_the_file_which_wins_over_defaults(tmp_path: Path) -> Non
         '[actuator]\ngroup = "from-file"\nbackend = "command"\nattempts = 7\n'
     )
     ctx = _ctx("actuate", ["--config", str(cfg_file), "--group", "from-flag", "--deny", "a,b"])
-    flags = flag_overrides(ctx, _FLAG_KEYS, deny=["a", "b"])
+    flags = given(ctx, actuate, deny=["a", "b"])
     assert flags == {"group": "from-flag", "deny": ["a", "b"]}  # defaults are not flags
+    # The option declarations carry their config keys: no hand-written table.
+    assert given(_ctx("actuate", ["--attempts", "2", "-b", "h:1"]), actuate) == {
+        "attempts": 2,
+        "kafka.bootstrap": "h:1",
+    }
     cfg = load_section("actuator", cfg_file, env={}, overrides=flags)
     assert cfg.group == "from-flag"  # flag > file
     assert cfg.attempts == 7 and cfg.backend == "command"  # file > default
