@@ -26,7 +26,7 @@ from c4base.config import flag_overrides
 __all__ = [
     "Bootstrap",
     "BrokerTimeout",
-    "ConfigFile",
+    "config_file",
     "Group",
     "InstanceId",
     "Key",
@@ -53,14 +53,21 @@ class Key:
         return f"Key({self.key!r})"
 
 
-ConfigFile = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        "-c",
-        help="c4stream.toml: [kafka], this service's table, [metrics], [log]; flags win.",
-    ),
-]
+def config_file(tables: str) -> Any:
+    """The ``--config`` option of a command that reads ``tables`` (e.g. "[kafka], [worker]").
+
+    Help texts name the tables, so each command makes its own (at module level, where
+    Typer and :func:`given` resolve annotations)."""
+    return Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help=f"c4stream.toml: {tables}, [metrics], [log]; flags win over the file.",
+        ),
+    ]
+
+
 Bootstrap = Annotated[
     str | None,
     typer.Option(

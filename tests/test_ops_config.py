@@ -9,7 +9,6 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from c4base.config import flag_overrides
 from c4base.settings_loader import SettingsError
 from c4stream.cli import app
 from c4stream.config import check_config, load_section
@@ -172,14 +171,15 @@ def test_flags_win_over_the_file_which_wins_over_defaults(tmp_path: Path) -> Non
 
 
 def test_exporter_directory_from_file_or_flag(tmp_path: Path) -> None:
-    from producers.cli import _EXPORTER_FLAGS
+    from c4base.cli_options import given
+    from producers.cli import exporter
 
     f = tmp_path / "c4.toml"
     f.write_text('[exporter]\ndirectory = "/from/file"\ninterval_s = 0.5\n')
     cfg = load_section("exporter", f, env={})
     assert str(cfg.directory) == "/from/file" and cfg.interval_s == 0.5
     ctx = _ctx("exporter", ["--config", str(f), "--dir", "/from/flag"])
-    cfg = load_section("exporter", f, env={}, overrides=flag_overrides(ctx, _EXPORTER_FLAGS))
+    cfg = load_section("exporter", f, env={}, overrides=given(ctx, exporter))
     assert str(cfg.directory) == "/from/flag" and cfg.interval_s == 0.5
 
 

@@ -19,7 +19,6 @@ import typer
 from c4base.cli_options import (
     Bootstrap,
     BrokerTimeout,
-    ConfigFile,
     Group,
     InstanceId,
     Key,
@@ -29,6 +28,7 @@ from c4base.cli_options import (
     MetricsPort,
     StatusFile,
     TopicPrefix,
+    config_file,
     fail,
     given,
 )
@@ -45,6 +45,8 @@ from sinks.actuator.ledger import Ledger
 
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
+
+ConfigFile = config_file("[kafka], [actuator]")
 
 __all__ = ["actuate", "make_backend"]
 

@@ -17,7 +17,6 @@ import typer
 from c4base.cli_options import (
     Bootstrap,
     BrokerTimeout,
-    ConfigFile,
     Group,
     InstanceId,
     Key,
@@ -27,6 +26,7 @@ from c4base.cli_options import (
     MetricsPort,
     StatusFile,
     TopicPrefix,
+    config_file,
     fail,
     given,
 )
@@ -36,6 +36,8 @@ from c4base.service import start_service
 from c4base.settings_loader import SettingsError
 from sinks.archive.consumer import ARCHIVE_SECTION, ArchiveConfig, Archiver
 from sinks.archive.dedupe import dedupe_archive
+
+ConfigFile = config_file("[kafka], [archive]")
 
 __all__ = ["app", "parse_size"]
 
