@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# A relative path to a Markdown file, e.g. docs/alerts.md or producers/FORMATS.md.
+# A relative path to a Markdown file, e.g. docs/alerts.md.
 _DOC_REF = re.compile(r"(?<![\w./-])((?:[\w-]+/)+[\w.-]+\.md)\b")
 
 
