@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from c4base.metrics import MetricsLike, NullMetrics
 from streams.app.checkpoint import TableCheckpoints
 from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
@@ -242,16 +243,14 @@ def write_status(path: Any, status: dict[str, Any]) -> None:
 
 
 class _Meter:
-    """Prometheus families of :mod:`c4base.metrics` for stage ``worker`` (no-op if None)."""
+    """Prometheus families of :mod:`c4base.metrics` for stage ``worker``."""
 
     STAGE = "worker"
 
-    def __init__(self, metrics: Any) -> None:
-        self.m = metrics
+    def __init__(self, metrics: MetricsLike | None) -> None:
+        self.m = metrics or NullMetrics()
 
     def batch(self, messages: int, events: int, clocks: dict[int, int]) -> None:
-        if self.m is None:
-            return
         self.m.messages_in.labels(stage=self.STAGE).inc(messages)
         self.m.events_in.labels(stage=self.STAGE).inc(events)
         if clocks:
@@ -261,8 +260,6 @@ class _Meter:
             )
 
     def output(self, out: Output) -> None:
-        if self.m is None:
-            return
         for v in out.verdicts:
             self.m.verdicts.labels(stage=self.STAGE, fault=v.fault).inc()
         for c in out.commands:
@@ -272,8 +269,6 @@ class _Meter:
 
     def lag(self, offsets: ConsumerView, assigned: set[Any]) -> None:
         """Lag = high watermark - next offset to read, per assigned partition."""
-        if self.m is None:
-            return
         try:
             for tp in assigned:
                 high = offsets.highwater(tp.topic, tp.partition)
