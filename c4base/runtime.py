@@ -697,7 +697,11 @@ class ConsumerRunner:
 
     def _step(self) -> None:
         if self._retry is not None:
-            self._consumer.poll(0)  # paused: keeps the group membership alive
+            # Paused: this only keeps the group membership alive. Should a message come
+            # anyway, rewind to it so it is neither skipped nor committed past.
+            m = self._consumer.poll(0)
+            if m is not None and m.error() is None:
+                self._consumer.seek(TopicPartition(m.topic(), m.partition(), m.offset()))
             self._check_broker(got_message=False)
             if self._clock() < self._retry.at:
                 self.stop.wait(min(self.cfg.poll_timeout_s, self._retry.at - self._clock()))
