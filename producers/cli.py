@@ -59,8 +59,7 @@ def simulate(
         cfg = resolve_config(scenario, config, gpus, duration, seed)
         run(cfg, out, truth, console, progress)
     except SimConfigError as err:
-        typer.echo(f"c4stream simulate: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail("simulate", err, 2)
 
 
 _BOOTSTRAP_HELP = "Kafka host:port (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)"
@@ -155,12 +154,12 @@ def replay(
     try:
         pace = parse_speed(speed)
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--speed") from None
+        fail("replay", f"--speed: {err}", 2)
     try:
         over = {"bootstrap": bootstrap} if bootstrap else None
         kafka: KafkaConfig = load_section("kafka", KAFKA_SECTION, config, overrides=over)
     except SettingsError as err:
-        raise typer.BadParameter(str(err), param_hint="--config") from None
+        fail("replay", err, 2)
     cfg = ReplayConfig(
         kafka=kafka,
         events_topic=topic,
@@ -172,8 +171,7 @@ def replay(
     try:
         stats = run_replay(traces, cfg)
     except SourceError as err:
-        typer.echo(f"c4stream replay: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail("replay", err, 2)
     rate = stats.events / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
     console.print(
         f"replayed {stats.messages} messages, {stats.events} events, {stats.bad} bad "

@@ -110,8 +110,7 @@ def detect(
     try:
         res = run_detect(traces, out, policy=policy, on_bad=on_bad)
     except DetectInputError as e:
-        typer.echo(f"c4stream detect: {e}", err=True)
-        raise typer.Exit(2) from None
+        fail("detect", e, 2)
     if not quiet:
         Console(width=None if sys.stdout.isatty() else 200).print(summary_table(res))
     typer.echo(

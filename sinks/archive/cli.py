@@ -60,7 +60,7 @@ def parse_size(text: str) -> int:
     """
     m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]i?)?[bB]?\s*", text)
     if not m:
-        raise typer.BadParameter(f"{text!r} is not a size; use e.g. 134217728, 128MiB or 64k")
+        fail("archive", f"{text!r} is not a size; use e.g. 134217728, 128MiB or 64k", 2)
     return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
 
 
@@ -150,7 +150,7 @@ def dedupe(
     """Count (--check) or remove duplicate rows (same topic, partition, offset, index)."""
 
     if not root.is_dir():
-        raise typer.BadParameter(f"{root} is not a directory", param_hint="ROOT")
+        fail("archive dedupe", f"{root} is not a directory", 2)
     reports = dedupe_archive(root, apply=not check)
     for r in reports:
         typer.echo(str(r))

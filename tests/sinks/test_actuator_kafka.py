@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
@@ -236,6 +236,17 @@ def test_restart_after_sigkill_resumes_at_once_with_static_membership(
     try:
         wait_actions(1, first, 40)
         assert len(actions(out)) == 1
+        # Killed once k1 is committed (a kill between acting and recording would repeat
+        # k1, by design: actions are safe repeats).
+        probe = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            (tp,) = probe.committed([TopicPartition(topics["isolations"], 0)], timeout=10)
+            if tp.offset == 1:
+                break
+            time.sleep(0.1)
+        probe.close()
+        assert tp.offset == 1
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(10)
