@@ -308,9 +308,11 @@ class Delivery:
                 self._busy[name] = False
                 item.done(ok, detail)
 
-    async def send(self, target: Target, n: Notification) -> bool:
-        """POST ``n`` to ``target`` with retries; True once delivered."""
-        ok, _ = await self.attempt(target, n, deadline=time.monotonic() + self.retry_for_s)
+    async def send(self, target: Target, n: Notification, *, within_s: float | None = None) -> bool:
+        """POST ``n`` to ``target`` with retries for ``within_s`` (default
+        ``retry_for_s``); True once delivered."""
+        window = self.retry_for_s if within_s is None else within_s
+        ok, _ = await self.attempt(target, n, deadline=time.monotonic() + window)
         return ok
 
     async def attempt(
