@@ -230,7 +230,7 @@ class AlertService:
             kafka=kafka,
             instance_id=instance_id,
             offset_reset="earliest" if from_beginning else "latest",
-            **runner_options,
+            **{"poll_timeout_s": 0.25, **runner_options},  # alerts are for people: promptly
         )
         self.runner = ConsumerRunner(rc, self.handler, metrics=metrics, stop=stop)
         self.stop = self.runner.stop
