@@ -570,6 +570,8 @@ class ConsumerRunner:
         self._paused = False
         self._assigned_at = self.started
         self._last_probe = -1e18
+        self._last_ok = self.started
+        """When the broker last answered (a message or a probe)."""
         self._consumer: Any = None
         self._producer: Any = None
         self.deadletters: DeadLetterSink | None = None
@@ -903,7 +905,7 @@ class ConsumerRunner:
         if got_message:
             self._reachable(now)
             return
-        if now - self._last_heard < self.cfg.probe_s and self.broker_down_since is None:
+        if now - self._last_ok < self.cfg.probe_s and self.broker_down_since is None:
             return
         if now - self._last_probe < self.cfg.probe_s:
             self._give_up_if_long(now)
@@ -922,7 +924,7 @@ class ConsumerRunner:
         if self.broker_down_since is not None:
             log.info("broker reachable again after %.0fs", now - self.broker_down_since)
         self.broker_down_since = None
-        self._last_heard = max(self._last_heard, now - self.cfg.probe_s)
+        self._last_ok = now
 
     def _give_up_if_long(self, now: float) -> None:
         down = self.broker_down_since

@@ -175,3 +175,15 @@ def test_a_hold_keeps_the_commit_below_it_until_released(kafka_bootstrap: str) -
         r.stop.set()
         t.join(20)
     assert not t.is_alive()
+
+
+@pytest.mark.timeout(60)
+def test_idle_exit_is_not_reset_by_broker_probes(kafka_bootstrap: str) -> None:
+    """The broker is probed every second while idle; being idle 3 s still ends the run."""
+    topic, dl = _topics(kafka_bootstrap)
+    _produce(kafka_bootstrap, topic, [b"ok"])
+    r = _runner(kafka_bootstrap, topic, dl, Script(), probe_s=1.0, exit_when_idle_s=3.0)
+    t0 = time.monotonic()
+    stats = r.run()
+    assert stats.handled == 1
+    assert time.monotonic() - t0 < 20
