@@ -862,6 +862,9 @@ class ConsumerRunner:
         self.state = "running"
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
         if self._paused:
+            # A retry is waiting: the new assignment waits too (assign first, so the
+            # pause applies to it rather than being replaced by the automatic assign).
+            self._consumer.assign(partitions)
             self._consumer.pause(partitions)
 
     def _on_revoke(self, _c: Any, partitions: list[Any]) -> None:
