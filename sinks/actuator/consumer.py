@@ -22,11 +22,15 @@ letter), fatal (stop, nothing committed).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
+from confluent_kafka import Producer
 
 from c4base.consumer_lag import observe_latency
 from c4base.metrics import MetricsLike, NullMetrics
@@ -49,6 +53,7 @@ from sinks.actuator.backends import (
 )
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.ledger import Ledger, Status
+from sinks.actuator.outcomes import ActionReport, OutcomePublisher, new_report, outcome_of
 from sinks.actuator.policy import Decision, decide
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
@@ -59,6 +64,7 @@ __all__ = [
     "Handled",
     "Interrupted",
     "RunStats",
+    "report_for",
     "run",
 ]
 
@@ -68,10 +74,23 @@ STAGE = "actuator"
 
 
 def _outcome(h: Handled) -> str:
-    """Label of ``c4stream_sink_actions_total``: acted, failed, dry_run, denied, …"""
-    if h.status == "failed":
-        return "failed"
-    return "acted" if h.decision == "act" else h.decision
+    """Label of ``c4stream_sink_actions_total``: acted, failed, skipped, dry_run, denied, …"""
+    return outcome_of(h.decision, h.status)
+
+
+def report_for(cmd: IsolationCommand, h: Handled) -> ActionReport:
+    """The ``c4.actions`` record of one handled command."""
+    return new_report(
+        command_id=cmd.id,
+        job=cmd.job,
+        host=cmd.host,
+        node=h.node or cmd.host,
+        action=cmd.action,
+        fault=cmd.fault,
+        decision=h.decision,
+        status=h.status,
+        detail=h.detail,
+    )
 
 
 class Interrupted(ActuatorError, TransientError):
@@ -87,6 +106,8 @@ class Handled:
     status: Status
     detail: str
     deadletter_reason: str | None = None
+    node: str | None = None
+    """The node name acted on (the host after ``strip_domain`` / ``node_regex``)."""
 
 
 @dataclass(slots=True)
@@ -99,10 +120,9 @@ class RunStats:
     failed: int = 0
 
     def count(self, h: Handled) -> None:
-        key = "acted" if h.decision == "act" and h.status == "done" else h.decision
-        if h.status == "failed":
+        key = outcome_of(h.decision, h.status)
+        if key == "failed":
             self.failed += 1
-            key = "failed"
         self.by_decision[key] = self.by_decision.get(key, 0) + 1
 
     def __str__(self) -> str:
@@ -133,6 +153,9 @@ class Actuator:
         Raises :class:`~sinks.actuator.backends.ActuatorConfigError` (stop the actuator;
         nothing recorded).
         """
+        node = self.cfg.node_name(cmd.host)
+        if node != cmd.host:  # backends act on the scheduler's / Kubernetes' node name
+            cmd = msgspec.structs.replace(cmd, host=node)
         decision, why = decide(cmd, self.cfg, already_done=self.ledger.is_done(cmd.id))
         tag = f"{cmd.id} (host {cmd.host}, {cmd.action}, {cmd.fault})"
         if decision == "duplicate":
@@ -153,7 +176,7 @@ class Actuator:
         self.ledger.record(
             cmd.id, status=h.status, host=cmd.host, action=cmd.action, detail=h.detail
         )
-        return h
+        return dataclasses.replace(h, node=node)
 
     def _act(self, cmd: IsolationCommand, tag: str) -> Handled:
         attempts = max(1, self.cfg.attempts)
@@ -183,6 +206,9 @@ class Actuator:
                 if self.stop.wait(pause):
                     raise Interrupted(f"stopped while retrying {tag}") from err
             else:
+                if outcome.skipped:
+                    log.warning("SKIPPED %s: %s", tag, outcome.detail)
+                    return Handled("act", "skipped", outcome.detail)
                 log.info("DONE %s: %s", tag, outcome.detail)
                 return Handled("act", "done", outcome.detail)
         raise AssertionError("unreachable")
@@ -191,10 +217,17 @@ class Actuator:
 class ActuatorHandler(BaseHandler):
     """The actuator's part of the shared loop: decode, then :class:`Actuator`."""
 
-    def __init__(self, actuator: Actuator, stats: RunStats, metrics: MetricsLike) -> None:
+    def __init__(
+        self,
+        actuator: Actuator,
+        stats: RunStats,
+        metrics: MetricsLike,
+        outcomes: OutcomePublisher | None = None,
+    ) -> None:
         self.actuator = actuator
         self.stats = stats
         self.metrics = metrics
+        self.outcomes = outcomes
 
     def handle(self, rec: Record, ctx: Context) -> None:
         self.stats.received += 1
@@ -210,6 +243,8 @@ class ActuatorHandler(BaseHandler):
         handled = self.actuator.handle(cmd)
         self.stats.count(handled)
         self.metrics.actions.labels(stage=STAGE, outcome=_outcome(handled)).inc()
+        if self.outcomes is not None:
+            self.outcomes.publish(report_for(cmd, handled))  # best effort: the ledger has it
         if handled.deadletter_reason is not None:
             raise PermanentError(handled.deadletter_reason)
 
@@ -239,7 +274,12 @@ def run(
     stop = stop or threading.Event()
     metrics = metrics or NullMetrics()
     stats = RunStats()
-    handler = ActuatorHandler(Actuator(cfg, backend, ledger, stop=stop), stats, metrics)
+    outcomes = (
+        OutcomePublisher(Producer(cfg.kafka.producer_config()), cfg.actions_topic())
+        if cfg.publish_outcomes
+        else None
+    )
+    handler = ActuatorHandler(Actuator(cfg, backend, ledger, stop=stop), stats, metrics, outcomes)
     runner = ConsumerRunner(
         RunnerConfig(
             stage=STAGE,
@@ -259,7 +299,17 @@ def run(
         metrics=metrics,
         stop=stop,
     )
-    log.info("actuator: backend %s, %s", backend.name, "EXECUTE" if cfg.execute else "dry-run")
-    runner.run()
+    log.info(
+        "actuator: backend %s, %s",
+        backend.name,
+        "EXECUTE (commands the worker marked dry_run are still only logged)"
+        if cfg.execute
+        else "dry-run: without --execute nothing is acted on",
+    )
+    try:
+        runner.run()
+    finally:
+        if outcomes is not None:
+            outcomes.close()
     log.info("actuator stopped: %s", stats)
     return stats

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import httpx
 
+from sinks.actuator.outcomes import ActionReport
 from sinks.alert.config import AlertConfig
 from sinks.alert.delivery import Delivery, Done
 from sinks.alert.grouping import Grouper, Observation
@@ -42,13 +43,18 @@ class Alerter:
         delivery: Delivery,
         *,
         include_verdicts: bool = True,
+        include_bookkeeping: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.grouper = grouper
         self.router = router
         self.delivery = delivery
         self.include_verdicts = include_verdicts
+        self.include_bookkeeping = include_bookkeeping
         self.clock = clock
+        self._started = clock()
+        self._refreshed: dict[str, float] = {}
+        """Per refreshing target: when open alerts were last re-posted."""
 
     @classmethod
     def from_config(
@@ -82,6 +88,7 @@ class Alerter:
             Router(cfg.destination),
             delivery,
             include_verdicts=cfg.include_verdicts,
+            include_bookkeeping=cfg.include_bookkeeping,
             clock=clock,
         )
 
@@ -121,11 +128,40 @@ class Alerter:
     def verdict_notifications(self, v: Verdict) -> list[Notification]:
         if not self.include_verdicts:
             return []
+        if v.benign and v.score <= 0 and not self.include_bookkeeping:
+            return []  # bookkeeping (a host census for the correlator), not news
         return self.grouper.observe(Observation.of_verdict(v), self.clock())
 
+    def on_action(self, r: ActionReport) -> int:
+        """What the actuator did (``c4.actions``): shown on the host's open alert."""
+        return self.dispatch(self.action_notifications(r))
+
+    def action_notifications(self, r: ActionReport) -> list[Notification]:
+        return self.grouper.observe_outcome(
+            r.job, r.host, r.outcome, r.detail, r.dry_run, self.clock()
+        )
+
     def tick(self) -> int:
-        """Resolve quiet alerts; call about once a second."""
-        return self.dispatch(self.grouper.expire(self.clock()))
+        """Resolve quiet alerts, refresh open ones where a target needs it; ~once a second."""
+        pairs = self.tick_routes()
+        for name, n in pairs:
+            self.delivery.offer(name, n)
+        return len(pairs)
+
+    def tick_routes(self) -> list[tuple[str, Notification]]:
+        """What :meth:`tick` sends, without sending it (the Kafka side queues it from
+        another thread)."""
+        now = self.clock()
+        pairs = self.routes(self.grouper.expire(now))
+        for name, target in self.delivery.targets.items():
+            if not target.refreshes:
+                continue
+            last = self._refreshed.setdefault(name, self._started)
+            if now - last < target.destination.refresh_interval_s:
+                continue
+            self._refreshed[name] = now
+            pairs += [(name, n) for n in self.grouper.open_alerts() if name in self.router.route(n)]
+        return pairs
 
     def send_to_all(self, n: Notification) -> int:
         """Queue ``n`` for every destination regardless of severity (``alert test``)."""

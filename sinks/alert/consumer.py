@@ -1,5 +1,5 @@
-"""Kafka side of the alerter: ``c4.isolations`` and ``c4.verdicts`` in, alerts out,
-at least once.
+"""Kafka side of the alerter: ``c4.isolations``, ``c4.verdicts`` and the actuator's
+``c4.actions`` in, alerts out, at least once.
 
 The loop is the shared :class:`~c4base.runtime.ConsumerRunner`; :class:`AlertHandler`
 is the alerter's part. HTTP delivery runs on an asyncio loop in a thread of its own,
@@ -43,6 +43,7 @@ from c4base.runtime import (
     RunnerStats,
 )
 from c4base.topics import Topics
+from sinks.actuator.outcomes import ReportDecodeError, decode_report
 from sinks.alert.alerter import Alerter
 from sinks.alert.config import AlertConfig
 from sinks.alert.delivery import Done
@@ -110,6 +111,14 @@ class AlertHandler(BaseHandler):
             self.metrics.isolations.labels(stage=STAGE, fault=cmd.fault, action=cmd.action).inc()
             observe_latency(self.metrics, STAGE, ts_us=cmd.ts_us)
             notes = self.alerter.command_notifications(cmd)
+        elif rec.topic == self.topics.actions:
+            # What the actuator did, shown on the host's open alert.
+            try:
+                report = decode_report(rec.value)
+            except ReportDecodeError as err:
+                self.stats.deadlettered += 1
+                raise PermanentError(f"invalid action report: {err}") from None
+            notes = self.alerter.action_notifications(report)
         else:
             try:
                 verdict = decode_verdict(rec.value)
@@ -142,8 +151,8 @@ class AlertHandler(BaseHandler):
         return done
 
     def tick(self, ctx: Context) -> None:
-        resolved = self.alerter.grouper.expire(self.alerter.clock())
-        for name, n in self.alerter.routes(resolved):
+        # Resolves and refreshes come from timers, not from a message: nothing to hold.
+        for name, n in self.alerter.tick_routes():
             self.loop.call_soon_threadsafe(self.alerter.delivery.offer, name, n)
         self._count_outcomes()
 
@@ -224,7 +233,7 @@ class AlertService:
         self.alerter = self.handler.alerter
         rc = RunnerConfig(
             stage=STAGE,
-            topics=[self.topics.isolations, self.topics.verdicts],
+            topics=[self.topics.isolations, self.topics.verdicts, self.topics.actions],
             deadletter_topic=self.topics.deadletter,
             group=group,
             kafka=kafka,
