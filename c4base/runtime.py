@@ -74,6 +74,7 @@ __all__ = [
     "RunnerStats",
     "TransientError",
     "default_instance_id",
+    "kafka_logger",
 ]
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,15 @@ class _ThrottleFilter(logging.Filter):
         if ok and held:
             record.msg = f"{record.msg} ({held} similar line(s) held back)"
         return ok
+
+
+def kafka_logger(stage: str, every_s: float = 30.0) -> logging.Logger:
+    """A logger for librdkafka's own lines (a client's ``logger`` setting) that lets the
+    same line through at most every ``every_s``: a broker that is down must not flood."""
+    logger = logging.getLogger(f"c4base.runtime.rdkafka.{stage}")
+    if not any(isinstance(f, _ThrottleFilter) for f in logger.filters):
+        logger.addFilter(_ThrottleFilter(LogThrottle(every_s)))
+    return logger
 
 
 # --------------------------------------------------------------------- dead letters
@@ -575,8 +585,7 @@ class ConsumerRunner:
         self._consumer: Any = None
         self._producer: Any = None
         self.deadletters: DeadLetterSink | None = None
-        self._rdkafka_log = logging.getLogger(f"c4base.runtime.rdkafka.{cfg.stage}")
-        self._rdkafka_log.addFilter(_ThrottleFilter(LogThrottle(cfg.log_every_s)))
+        self._rdkafka_log = kafka_logger(cfg.stage, cfg.log_every_s)
 
     # ------------------------------------------------------------ Context
 

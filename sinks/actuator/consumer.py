@@ -43,6 +43,7 @@ from c4base.runtime import (
     Record,
     RunnerConfig,
     TransientError,
+    kafka_logger,
 )
 from sinks.actuator.backends import (
     ActuatorConfigError,
@@ -275,7 +276,9 @@ def run(
     metrics = metrics or NullMetrics()
     stats = RunStats()
     outcomes = (
-        OutcomePublisher(Producer(cfg.kafka.producer_config()), cfg.actions_topic())
+        OutcomePublisher(
+            Producer(cfg.kafka.producer_config(logger=kafka_logger(STAGE))), cfg.actions_topic()
+        )
         if cfg.publish_outcomes
         else None
     )
