@@ -10,7 +10,7 @@ from producers.columnar import ARROW_CONTENT_TYPE, encode_arrow
 from producers.events import Event, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
 from streams.app.deadletter import Record
-from streams.app.router import Watermark, encode_watermark
+from streams.app.watermark import Watermark, encode_watermark
 from streams.commands import encode_command
 from streams.verdicts import encode_verdict
 from tests.streams.test_worker_router import ev, router, runner
