@@ -110,15 +110,14 @@ class HostCorrelator:
         job's size), or the largest communicator a verdict came from."""
         self.job_host_names: dict[str, set[str]] = {}
         self.suppressed = 0
-        self.roles: dict[tuple[str, int, int, int], dict[str, tuple[int, int | None]]] = {}
-        """(job, comm hosts, ranks, position) -> {suspect host: (last ts, GPU)}: straggler
+        self.roles: dict[tuple[str, int, int, int], dict[str, int]] = {}
+        """(job, comm hosts, ranks, position) -> {suspect host: last ts}: straggler
         findings per rank position of communicators of one shape. The same position
         late on several hosts (in several replicas) is a role (more work by design, or
         held up by a slow rail it shares), not a faulty GPU: a faulty GPU is late at its
         own position on its own host (its host-mates, held up by it, make that host
         late in every replica too: one host, not a role), and in every communicator it
-        belongs to (a GPU flagged in communicators of two shapes is never a role). A
-        host whose GPU was seen waiting elsewhere (a victim) does not count."""
+        belongs to (a GPU flagged in communicators of two shapes is never a role)."""
 
     # ------------------------------------------------------------------ public API
     def observe(self, verdict: Verdict) -> list[IsolationCommand]:
@@ -166,7 +165,7 @@ class HostCorrelator:
         intra = ev.comm_hosts == 1
         ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, ev))
         if isinstance(ev, StragglerEvidence) and ev.position >= 0:
-            self._note_role(v.job, v.host, v.gpu, v.ts_us, ev)
+            self._note_role(v.job, v.host, v.ts_us, ev)
         cmd = self._decide(key, ep)
         return [cmd] if cmd else []
 
@@ -211,18 +210,16 @@ class HostCorrelator:
             del self.cooldown[k]
         cut = self.now - self.config.horizon_us
         for k, seen in list(self.roles.items()):
-            for h in [h for h, (ts, _) in seen.items() if ts < cut]:
-                del seen[h]
+            for c in [c for c, ts in seen.items() if ts < cut]:
+                del seen[c]
             if not seen:
                 del self.roles[k]
 
-    def _note_role(
-        self, job: str, host: str, gpu: int | None, ts: int, ev: StragglerEvidence
-    ) -> None:
+    def _note_role(self, job: str, host: str, ts: int, ev: StragglerEvidence) -> None:
         seen = self.roles.setdefault((job, ev.comm_hosts, ev.nranks, ev.position), {})
-        seen[host] = (ts, gpu)
+        seen[host] = ts
         if len(seen) > _MAX_ENTRIES:  # bounded: forget the oldest
-            del seen[min(seen, key=lambda h: (seen[h][0], h))]
+            del seen[min(seen, key=lambda h: (seen[h], h))]
 
     def _role(self, job: str, e: _Entry) -> bool:
         """The entry's rank position is late on ``role_replicas`` or more hosts in
@@ -232,21 +229,7 @@ class HostCorrelator:
             return False
         seen = self.roles.get((job, ev.comm_hosts, ev.nranks, ev.position), {})
         cut = self.now - self.config.horizon_us
-        n = 0
-        for h, (ts, gpu) in seen.items():
-            if ts >= cut and not self._waited(job, h, gpu, ts):
-                n += 1
-        return n >= self.config.role_replicas
-
-    def _waited(self, job: str, host: str, gpu: int | None, ts: int) -> bool:
-        """This GPU was noted waiting (held up) in some communicator around ``ts``: its
-        lateness elsewhere is a victim's, which says nothing about a role."""
-        if gpu is None:
-            return False
-        notes = self.waiting.get((job, host, gpu, "straggler"), {})
-        return any(
-            f - _WAIT_MEMORY_US <= ts <= last + _WAIT_MEMORY_US for f, last, _ in notes.values()
-        )
+        return sum(1 for ts in seen.values() if ts >= cut) >= self.config.role_replicas
 
     def _live(self, key: tuple[str, str, str], ep: _Episode) -> list[_Entry]:
         cut = self.now - self.config.horizon_us
@@ -582,8 +565,8 @@ class _CorrelatorState(msgspec.Struct, array_like=True):
     job_hosts: dict[str, int]
     job_host_names: dict[str, list[str]]
     suppressed: int
-    roles: list[tuple[str, int, int, int, str, int, int | None]]
-    """(job, comm hosts, ranks, position, suspect host, last ts, GPU)"""
+    roles: list[tuple[str, int, int, int, str, int]]
+    """(job, comm hosts, ranks, position, suspect host, last ts)"""
 
 
 def _state_of(c: HostCorrelator) -> _CorrelatorState:
@@ -605,7 +588,7 @@ def _state_of(c: HostCorrelator) -> _CorrelatorState:
         job_hosts=dict(c.job_hosts),
         job_host_names={j: sorted(n) for j, n in c.job_host_names.items()},
         suppressed=c.suppressed,
-        roles=[(*k, h, ts, g) for k, t in c.roles.items() for h, (ts, g) in t.items()],
+        roles=[(*k, h, ts) for k, t in c.roles.items() for h, ts in t.items()],
     )
 
 
@@ -629,6 +612,6 @@ def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
     c.job_hosts = dict(st.job_hosts)
     c.job_host_names = {j: set(n) for j, n in st.job_host_names.items()}
     c.suppressed = st.suppressed
-    for job, hosts, nranks, pos, host, ts, gpu in st.roles:
-        c.roles.setdefault((job, hosts, nranks, pos), {})[host] = (ts, gpu)
+    for job, hosts, nranks, pos, host, ts in st.roles:
+        c.roles.setdefault((job, hosts, nranks, pos), {})[host] = ts
     return c
