@@ -13,9 +13,10 @@ import pytest
 
 from producers.events import encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
+from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import Record
+from streams.app.detect_runner import CommRouter
 from streams.app.engine import CoreEngine
-from streams.app.router import CommRouter, CorrelatorRunner
 from streams.core import (
     CommDetector,
     DetectConfig,
