@@ -6,8 +6,9 @@ a table key on the partition its input came from. It restores one from its last
 checkpoint the first time it is needed (bytes the core refuses — corrupt, foreign, a
 forged pickle — become a dead letter and the state starts afresh), checkpoints it every
 N events or S seconds (:class:`~streams.app.checkpoint.CheckpointSchedule`), and on
-revocation or a clean stop checkpoints every dirty one and, when told, forgets them. Only what to judge differs,
-in :mod:`streams.app.detect_runner` and :mod:`streams.app.correlate_runner`.
+revocation or a clean stop checkpoints every dirty one and, when told, forgets them.
+Only what to judge differs, in :mod:`streams.app.detect_runner` and
+:mod:`streams.app.correlate_runner`.
 """
 
 from __future__ import annotations
