@@ -82,6 +82,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     )
     """Which detectors run on every communicator (streams.core.registry), in this order."""
     river: RiverConfig = RiverConfig()
+    """Settings of the ``river`` detector (used when it is listed in ``detectors``)."""
 
     window_us: int = 5_000_000
     """Event-time window over which straggler and slow-connection evidence is judged."""
@@ -127,6 +128,11 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """A connection is slow below this fraction of its communicator's median throughput."""
     slow_min_cells: int = 3
     """Inter-host connections per window needed before the throughput matrix is judged."""
+
+    def __post_init__(self) -> None:
+        dup = sorted({d for d in self.detectors if self.detectors.count(d) > 1})
+        if dup:  # one state per detector name in a checkpoint
+            raise ValueError(f"detectors lists {', '.join(dup)} more than once")
 
 
 class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
