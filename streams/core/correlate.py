@@ -13,6 +13,14 @@ A non-communication hang that names one GPU waits up to ``host_wait_us`` for the
 other GPUs: when two or more stopped (blamed elsewhere, or noted silent where nobody
 waits for them), the command names the host (no GPU) and says it went silent.
 
+Event time is kept per job: each job has its own clock (the newest ``ts_us`` of its
+verdicts, or what :meth:`HostCorrelator.advance` says for it), and its horizon,
+cool-downs and cap are measured on that clock only, so a job whose telemetry runs
+minutes behind another's (a delayed exporter, a trace replayed into a live pipeline)
+keeps all its evidence. A verdict behind its job's clock by more than
+``allowed_lateness_us`` is not judged (the notes that would explain it are gone):
+:meth:`~HostCorrelator.observe` raises :class:`LateEvidence`, never drops it silently.
+
 Rails: deny list, the cap on isolated hosts per hour, and hangs on many hosts at once
 (a job-wide stop such as a long checkpoint, not a faulty component) turn a command into
 ``alert_only``; the cool-down per host drops further commands for it; ``dry_run``
@@ -48,11 +56,29 @@ from streams.core.config import PolicyConfig
 from streams.core.stats import stable_id
 from streams.verdicts import Verdict
 
-__all__ = ["HostCorrelator"]
+__all__ = ["HostCorrelator", "LateEvidence"]
 
 _HANGS = ("noncomm_hang", "comm_hang")
 _WAIT_MEMORY_US = 15_000_000  # a "waiting" note clears a GPU for this long
 _MAX_ENTRIES = 256
+
+
+class LateEvidence(ValueError):
+    """A verdict is behind its job's event time by more than the allowed lateness.
+
+    The correlator did not judge it: the victim notes and episodes of that moment are
+    already forgotten, so judging it now could blame a victim. The worker dead-letters
+    the verdict with this message (``late by N s: ...``) and counts it per job; raise
+    ``allowed_lateness_us`` (up to the 15 s the notes are kept) if this is routine.
+    """
+
+    def __init__(self, job: str, late_us: int, clock_us: int, allowed_us: int) -> None:
+        self.job = job
+        self.late_us = late_us
+        super().__init__(
+            f"late by {late_us / 1e6:.0f} s: job {job}'s correlator clock is at {clock_us} "
+            f"(event time); verdicts more than {allowed_us / 1e6:g} s behind it are not judged"
+        )
 
 
 @dataclass(slots=True)
@@ -79,7 +105,14 @@ class HostCorrelator:
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
-        self.now = -1
+        if config.allowed_lateness_us > _WAIT_MEMORY_US:
+            raise ValueError(
+                f"policy allowed_lateness_us {config.allowed_lateness_us} is above "
+                f"{_WAIT_MEMORY_US}: victim notes are kept that long, later verdicts "
+                "could not be judged safely"
+            )
+        self.clock: dict[str, int] = {}
+        """Event time per job: newest verdict ``ts_us`` or advance() for that job."""
         self.episodes: dict[tuple[str, str, str], _Episode] = {}
         self.waiting: dict[tuple[str, str, int, str], dict[str, tuple[int, int, float]]] = {}
         """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms)}: where a GPU
@@ -96,10 +129,23 @@ class HostCorrelator:
         self.job_host_names: dict[str, set[str]] = {}
         self.suppressed = 0
 
+    @property
+    def now(self) -> int:
+        """The newest clock of any job (for status; decisions read their job's clock)."""
+        return max(self.clock.values(), default=-1)
+
     # ------------------------------------------------------------------ public API
     def observe(self, verdict: Verdict) -> list[IsolationCommand]:
+        """Take one verdict; returns the commands it completes.
+
+        Raises :class:`LateEvidence` (nothing is changed) when the verdict is behind its
+        job's clock by more than ``allowed_lateness_us``."""
         v = verdict
-        self.now = max(self.now, v.ts_us)
+        clock = self.clock.get(v.job, -1)
+        if clock - v.ts_us > self.config.allowed_lateness_us and clock >= 0:
+            raise LateEvidence(v.job, clock - v.ts_us, clock, self.config.allowed_lateness_us)
+        if v.ts_us > clock:
+            self.clock[v.job] = v.ts_us
         hosts = v.evidence.get("comm_hosts")
         if isinstance(hosts, int) and hosts > self.job_hosts.get(v.job, 0):
             self.job_hosts[v.job] = hosts
@@ -142,13 +188,20 @@ class HostCorrelator:
         cmd = self._decide(key, ep)
         return [cmd] if cmd else []
 
-    def advance(self, now_us: int) -> list[IsolationCommand]:
-        if now_us > self.now:
-            self.now = now_us
-        self._prune()
+    def advance(self, now_us: int, job: str | None = None) -> list[IsolationCommand]:
+        """Move ``job``'s clock on to ``now_us`` (event time passes without verdicts), age
+        out its old evidence and decide its hangs that have waited long enough.
+
+        ``job`` None moves every known job: only right when all share one clock (one job
+        per stream, or tests); the pipeline and the worker pass the job."""
+        jobs = list(self.clock) if job is None else [job]
+        for j in jobs:
+            if now_us > self.clock.get(j, -1):
+                self.clock[j] = now_us
+        self._prune(set(jobs))
         out = []
         for key, ep in list(self.episodes.items()):
-            if not ep.decided and key[2] in _HANGS:
+            if not ep.decided and key[2] in _HANGS and key[0] in jobs:
                 cmd = self._decide(key, ep)
                 if cmd:
                     out.append(cmd)
@@ -165,26 +218,43 @@ class HostCorrelator:
         obj.config = config
         obj.__dict__.setdefault("silent", {})
         obj.__dict__.setdefault("job_host_names", {})
+        if "clock" not in obj.__dict__:  # a checkpoint from before per-job clocks
+            old = obj.__dict__.pop("now", -1)
+            jobs = {k[0] for k in obj.episodes} | {k[0] for k in obj.cooldown}
+            obj.clock = {j: old for j in jobs | set(obj.job_hosts)}
         if "_waiting_last" not in obj.__dict__:  # a checkpoint from before this index
             obj._waiting_last = {k: max(x[1] for x in t.values()) for k, t in obj.waiting.items()}
         return obj
 
     # ------------------------------------------------------------------ internals
-    def _prune(self) -> None:
-        cut = self.now - self.config.horizon_us
-        for key in [k for k, ep in self.episodes.items() if ep.entries[-1].ts < cut]:
+    def _prune(self, jobs: set[str]) -> None:
+        """Forget what is old on each job's own clock (keys all start with the job)."""
+        clock = self.clock
+        h = self.config.horizon_us
+        for key in [
+            k
+            for k, ep in self.episodes.items()
+            if k[0] in jobs and ep.entries[-1].ts < clock[k[0]] - h
+        ]:
             if not ep_in_cooldown(self, key):
                 del self.episodes[key]
-        wcut = self.now - _WAIT_MEMORY_US
-        for k in [k for k, t in self._waiting_last.items() if t < wcut]:
+        for k in [
+            k
+            for k, t in self._waiting_last.items()
+            if k[0] in jobs and t < clock[k[0]] - _WAIT_MEMORY_US
+        ]:
             del self.waiting[k], self._waiting_last[k]
-        for k in [k for k, g in self.silent.items() if max(g.values()) < wcut]:
+        for k in [
+            k
+            for k, g in self.silent.items()
+            if k[0] in jobs and max(g.values()) < clock[k[0]] - _WAIT_MEMORY_US
+        ]:
             del self.silent[k]
-        for k in [k for k, t in self.cooldown.items() if t < self.now]:
+        for k in [k for k, t in self.cooldown.items() if k[0] in jobs and t < clock[k[0]]]:
             del self.cooldown[k]
 
     def _live(self, key: tuple[str, str, str], ep: _Episode) -> list[_Entry]:
-        cut = self.now - self.config.horizon_us
+        cut = self.clock[key[0]] - self.config.horizon_us
         job, host, fault = key
         out = [e for e in ep.entries if e.ts >= cut]
         if fault in ("noncomm_hang", "straggler"):
@@ -208,7 +278,8 @@ class HostCorrelator:
     def _decide(self, key: tuple[str, str, str], ep: _Episode) -> IsolationCommand | None:
         job, host, fault = key
         cfg = self.config
-        if (job, host) in self.cooldown and self.cooldown[(job, host)] >= self.now:
+        now = self.clock[job]
+        if (job, host) in self.cooldown and self.cooldown[(job, host)] >= now:
             return None
         live = self._live(key, ep)
         if not live:
@@ -224,13 +295,13 @@ class HostCorrelator:
         comms = {e.comm for e in best.values()}
         if fault in _HANGS:
             first = min(e.ts for e in live)
-            if total < cfg.hang_min_score or self.now - first < cfg.hang_settle_us:
+            if total < cfg.hang_min_score or now - first < cfg.hang_settle_us:
                 return None
             # one GPU so far: wait a little for the host's other communicators, which
             # tell a dead host (every GPU stops) from one hung process
             gpus = {e.comp[0] for e in best.values() if e.comp[0] is not None}
             gpus |= self._silent_gpus(job, host, first)
-            if fault == "noncomm_hang" and len(gpus) < 2 and self.now - first < cfg.host_wait_us:
+            if fault == "noncomm_hang" and len(gpus) < 2 and now - first < cfg.host_wait_us:
                 return None
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
@@ -300,6 +371,7 @@ class HostCorrelator:
     ) -> IsolationCommand:
         job, host, fault = key
         cfg = self.config
+        now = self.clock[job]
         gpu, nic, peer = comp
         cid = "c4-" + stable_id(job, host, fault, gpu, nic, peer, ep.first_window)
         action: Action = cfg.actions.get(fault, "alert_only")  # type: ignore[arg-type]
@@ -309,7 +381,7 @@ class HostCorrelator:
             action, rail = "alert_only", " Not isolated: the host is on the deny list."
         elif action != "alert_only":
             log = self.isolated.setdefault(job, deque())
-            while log and log[0] < self.now - cfg.cap_period_us:
+            while log and log[0] < now - cfg.cap_period_us:
                 log.popleft()
             n_hosts = cfg.job_hosts or self.job_hosts.get(job, 1)
             cap = max(1, math.floor(cfg.max_isolated_frac * n_hosts))
@@ -320,9 +392,9 @@ class HostCorrelator:
                     f"isolated in the last hour (cap {cap})."
                 )
             else:
-                log.append(self.now)
+                log.append(now)
         ep.decided = cid
-        self.cooldown[(job, host)] = self.now + cfg.cooldown_us
+        self.cooldown[(job, host)] = now + cfg.cooldown_us
         used = {e.comm for e in chosen}
         w0 = min(e.window for e in chosen)
         w1 = max(e.ts for e in chosen)
@@ -333,7 +405,7 @@ class HostCorrelator:
             "verdicts": len(chosen),
             "score": round(total, 3),
             "first_window_us": w0,
-            "decided_after_s": round((self.now - w0) / 1e6, 1),
+            "decided_after_s": round((now - w0) / 1e6, 1),
             "all_communicators": len(comms),
             "all_windows": len(windows),
         }
@@ -341,7 +413,7 @@ class HostCorrelator:
         reason = _reason(fault, host, comp, chosen, w0, w1, silent) + rail
         return IsolationCommand(
             id=cid,
-            ts_us=self.now,
+            ts_us=now,
             job=job,
             host=host,
             fault=fault,  # type: ignore[arg-type]

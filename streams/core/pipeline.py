@@ -5,6 +5,10 @@ slices (``tick_us``); after each slice every detector's clock is advanced (so si
 and hangs are found even where nothing arrives) and the verdicts go, in event-time
 order, to the :class:`HostCorrelator`.
 
+Event time is per job: each job has its own clock and its own slices (a *lane*), and
+only that job's communicators and correlator state are advanced by it, so two jobs whose
+clocks are minutes apart in one stream are each judged on their own time.
+
 >>> p = DetectionPipeline()
 >>> p.feed([]) == [] and p.finish() == []
 True
@@ -13,20 +17,33 @@ True
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from producers.events import Event
 from streams.commands import IsolationCommand
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
-from streams.core.correlate import HostCorrelator
+from streams.core.correlate import HostCorrelator, LateEvidence
 from streams.verdicts import Verdict
 
 __all__ = ["DetectionPipeline"]
 
 
+@dataclass(slots=True)
+class _Lane:
+    """One job's event time: its clock, its open slice and what is buffered in it."""
+
+    now: int = -1
+    slice_end: int = -1
+    buf: dict[str, list[Event]] = field(default_factory=dict)
+    buffered: int = 0
+    comms: list[str] = field(default_factory=list)
+    """The job's communicators, in the order they were first seen."""
+
+
 class DetectionPipeline:
     """Offline/broker-free path: routes events by comm to CommDetectors, verdicts to the
-    HostCorrelator, in event time."""
+    HostCorrelator, in event time per job."""
 
     def __init__(
         self,
@@ -41,80 +58,101 @@ class DetectionPipeline:
         self.correlator = HostCorrelator(self.policy_config)
         self.verdicts: list[Verdict] = []
         self.commands: list[IsolationCommand] = []
+        self.late: list[tuple[Verdict, str]] = []
+        """Verdicts the correlator did not judge, with why (late beyond the allowed
+        lateness; cannot happen while each job's events come in order)."""
         self.n_events = 0
-        self.now = -1
+        self.lanes: dict[str, _Lane] = {}
         self._tick_us = tick_us
         self._max_buffer = max_buffer
-        self._slice_end = -1
-        self._buf: dict[str, list[Event]] = {}
-        self._buffered = 0
+
+    @property
+    def now(self) -> int:
+        """The newest event time of any job."""
+        return max((lane.now for lane in self.lanes.values()), default=-1)
+
+    def _lane(self, job: str) -> _Lane:
+        lane = self.lanes.get(job)
+        if lane is None:
+            lane = self.lanes[job] = _Lane()
+        return lane
 
     def feed(self, events: Iterable[Event]) -> list[IsolationCommand]:
-        """Take events in (roughly) event-time order; returns commands decided meanwhile."""
+        """Take events in (roughly) event-time order per job; returns commands decided
+        meanwhile."""
         out: list[IsolationCommand] = []
-        buf = self._buf
         if isinstance(events, list) and events:
             # fast path: an exporter batch holds one communicator's events of one host.
             # List comprehensions, not generator expressions: this runs for every event.
             comm = events[0].comm
             if len({e.comm for e in events}) == 1:
+                lane = self._lane(events[0].job)
                 tss = [e.ts_us for e in events]
                 ts_lo = min(tss)
                 ts_hi = max(tss)
-                if ts_lo >= self._slice_end or self._buffered >= self._max_buffer:
-                    if self._buffered:
-                        out += self._flush()
-                    if ts_lo >= self._slice_end:
-                        self._slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
-                if ts_hi > self.now:
-                    self.now = ts_hi
-                b = buf.get(comm)
+                if ts_lo >= lane.slice_end or lane.buffered >= self._max_buffer:
+                    if lane.buffered:
+                        out += self._flush(events[0].job, lane)
+                    if ts_lo >= lane.slice_end:
+                        lane.slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
+                if ts_hi > lane.now:
+                    lane.now = ts_hi
+                b = lane.buf.get(comm)
                 if b is None:
-                    buf[comm] = list(events)
+                    lane.buf[comm] = list(events)
                 else:
                     b.extend(events)
-                self._buffered += len(events)
+                lane.buffered += len(events)
                 return out
         for e in events:
+            lane = self._lane(e.job)
             ts = e.ts_us
-            if ts >= self._slice_end or self._buffered >= self._max_buffer:
-                if self._buffered:
-                    out += self._flush()
-                if ts >= self._slice_end:
-                    self._slice_end = ts - ts % self._tick_us + self._tick_us
-            if ts > self.now:
-                self.now = ts
-            b = buf.get(e.comm)
+            if ts >= lane.slice_end or lane.buffered >= self._max_buffer:
+                if lane.buffered:
+                    out += self._flush(e.job, lane)
+                if ts >= lane.slice_end:
+                    lane.slice_end = ts - ts % self._tick_us + self._tick_us
+            if ts > lane.now:
+                lane.now = ts
+            b = lane.buf.get(e.comm)
             if b is None:
-                buf[e.comm] = [e]
+                lane.buf[e.comm] = [e]
             else:
                 b.append(e)
-            self._buffered += 1
+            lane.buffered += 1
         return out
 
     def finish(self) -> list[IsolationCommand]:
         """End of input: judge what is buffered; returns the last commands."""
-        return self._flush() if self._buffered else []
+        out: list[IsolationCommand] = []
+        for job, lane in self.lanes.items():
+            if lane.buffered:
+                out += self._flush(job, lane)
+        return out
 
-    def _flush(self) -> list[IsolationCommand]:
+    def _flush(self, job: str, lane: _Lane) -> list[IsolationCommand]:
         verdicts: list[Verdict] = []
-        for comm, evs in self._buf.items():
+        for comm, evs in lane.buf.items():
             d = self.detectors.get(comm)
             if d is None:
                 d = self.detectors[comm] = CommDetector(comm, self.detect_config)
+                lane.comms.append(comm)
             verdicts += d.observe(evs)
-        self.n_events += self._buffered
-        self._buf.clear()  # in place: feed() holds a reference to this dict
-        self._buffered = 0
-        now = self.now
-        for d in self.detectors.values():
-            verdicts += d.advance(now)
+        self.n_events += lane.buffered
+        lane.buf.clear()  # in place: feed() holds a reference to this dict
+        lane.buffered = 0
+        now = lane.now
+        for comm in lane.comms:  # only this job's communicators live on its clock
+            verdicts += self.detectors[comm].advance(now)
         # notes (benign) first: they say who is a victim before a culprit is judged
         verdicts.sort(key=lambda v: (v.ts_us, not v.benign))
         out: list[IsolationCommand] = []
         for v in verdicts:
-            out += self.correlator.observe(v)
-        out += self.correlator.advance(now)
+            try:
+                out += self.correlator.observe(v)
+            except LateEvidence as err:
+                self.late.append((v, str(err)))
+        out += self.correlator.advance(now, job)
         self.verdicts += verdicts
         self.commands += out
         return out
