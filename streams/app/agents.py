@@ -65,8 +65,9 @@ class WorkerParts:
             "detect": asdict(self.router.stats),
             "correlate": asdict(self.correlator.stats),
             "comms": len(self.router.comms),
-            "clock_us": {str(p): t for p, t in self.router.clock_us.items()},
+            "clock_us": {f"{p}/{job}": t for (p, job), t in sorted(self.router.clock_us.items())},
             "watermarks": self.correlator.describe(),
+            "late": late_status(self.router, self.correlator),
             "deadletters_sent": self.deadletters.sent,
             "table_writes": self.comm_store.writes + self.correlator_store.writes,
         }
@@ -127,6 +128,7 @@ def register_agents(
         checkpoint_every_events=config.checkpoint_every_events,
         checkpoint_every_s=config.checkpoint_every_s,
         advance_every_us=int(config.advance_every_s * 1e6),
+        allowed_lateness_us=config.policy.allowed_lateness_us,
     )
     correlator = CorrelatorRunner(
         engine,
@@ -138,12 +140,13 @@ def register_agents(
         idle_s=config.watermark_idle_s,
         max_hold_s=config.max_hold_s,
         slice_us=int(config.verdict_slice_s * 1e6),
+        allowed_lateness_us=config.policy.allowed_lateness_us,
     )
     dl = DeadLetterPublisher(deadletter_t)
     parts = WorkerParts(router, correlator, comm_store, cor_store, dl, set(), time.time())
 
-    marks_sent: dict[tuple[int, int], Watermark] = {}
-    """(events partition, verdicts partition) -> last watermark sent."""
+    marks_sent: dict[tuple[int, str | None, int], Watermark] = {}
+    """(events partition, job, verdicts partition) -> last watermark sent."""
     judged: dict[int, int] = {}
     """events partition -> next offset agent ``detect`` has not judged yet."""
     verdicts_sent: dict[int, int] = {}
@@ -161,6 +164,7 @@ def register_agents(
         ]
         if store is comm_store:
             await send_watermarks(sent, heartbeat)
+        watch.jobs(router.jobs | correlator.jobs)
         for c in out.commands:
             log.info("isolation command %s: %s %s (%s)", c.id, c.action, c.host, c.fault)
             await isolations_t.send(key=c.host.encode(), value=encode_command(c))
@@ -185,29 +189,36 @@ def register_agents(
             return False
 
     async def send_watermarks(sent: list[Any], heartbeat: bool) -> None:
-        """After the verdicts are on the broker, tell every correlator how far each events
-        partition of this worker has been judged (changes only; all on ``heartbeat``)."""
+        """After the verdicts are on the broker, tell every correlator how far each job in
+        each events partition of this worker has been judged (changes only; all on
+        ``heartbeat``). A partition with no job yet reports itself, at clock -1."""
         for fut in sent:  # verdicts are on the broker before the watermark passes them
             md = await fut
             if md.offset > verdicts_sent.get(md.partition, -1):
                 verdicts_sent[md.partition] = md.offset
         mine = {tp.partition for tp in parts.assigned if tp.topic == topics.events}
-        mine |= set(router.clock_us)
-        for p in sorted(mine):
-            clock, idle = router.clock_us.get(p, -1), caught_up(p)
-            for q in range(config.verdicts_partitions):  # every correlator needs every clock
-                wm = Watermark(
-                    partition=p,
-                    clock_us=clock,
-                    caught_up=idle,
-                    verdicts_offset=verdicts_sent.get(q, -1),
-                )
-                old = marks_sent.get((p, q))
-                if not heartbeat and old is not None and old.clock_us == clock:
-                    if old.caught_up == idle:
-                        continue
-                await watermark_t.send(key=str(p).encode(), value=encode_watermark(wm), partition=q)
-                marks_sent[(p, q)] = wm
+        lanes: dict[int, list[tuple[str | None, int]]] = {p: [] for p in mine}
+        for (p, job), clock in sorted(router.clock_us.items()):
+            lanes.setdefault(p, []).append((job, clock))
+        for p, jobs in sorted(lanes.items()):
+            idle = caught_up(p)
+            for job, clock in jobs or [(None, -1)]:
+                for q in range(config.verdicts_partitions):  # every correlator needs every clock
+                    wm = Watermark(
+                        partition=p,
+                        clock_us=clock,
+                        caught_up=idle,
+                        verdicts_offset=verdicts_sent.get(q, -1),
+                        job=job,
+                    )
+                    old = marks_sent.get((p, job, q))
+                    if not heartbeat and old is not None and old.clock_us == clock:
+                        if old.caught_up == idle:
+                            continue
+                    await watermark_t.send(
+                        key=str(p).encode(), value=encode_watermark(wm), partition=q
+                    )
+                    marks_sent[(p, job, q)] = wm
 
     @app.agent(events_t, name="detect")
     async def detect(stream: Any) -> None:
@@ -271,6 +282,19 @@ def register_agents(
     return parts
 
 
+def late_status(router: CommRouter, correlator: CorrelatorRunner) -> dict[str, dict[str, int]]:
+    """Per job: events dead-lettered as late, verdicts judged late / dead-lettered late."""
+    out: dict[str, dict[str, int]] = {}
+    for job in sorted(router.jobs | correlator.jobs):
+        v = correlator.late_verdicts.get(job, {})
+        out[job] = {
+            "events_deadlettered": router.late_events.get(job, 0),
+            "verdicts_judged": v.get("judged", 0),
+            "verdicts_deadlettered": v.get("deadlettered", 0),
+        }
+    return out
+
+
 def write_status(path: Any, status: dict[str, Any]) -> None:
     """Atomically replace the status file (readers never see half a file)."""
     tmp = f"{path}.tmp"
@@ -286,8 +310,9 @@ class _Meter:
 
     def __init__(self, metrics: Any) -> None:
         self.m = metrics
+        self._exported: set[str] = set()
 
-    def batch(self, messages: int, events: int, clocks: dict[int, int]) -> None:
+    def batch(self, messages: int, events: int, clocks: dict[Any, int]) -> None:
         if self.m is None:
             return
         self.m.messages_in.labels(stage=self.STAGE).inc(messages)
@@ -307,6 +332,20 @@ class _Meter:
             self.m.isolations.labels(stage=self.STAGE, fault=c.fault, action=c.action).inc()
         if out.deadletters:
             self.m.deadletters.labels(stage=self.STAGE).inc(len(out.deadletters))
+        for job, n in out.late_events:
+            self.m.late_events.labels(stage=self.STAGE, job=job).inc(n)
+        for job, outcome in out.late_verdicts:
+            self.m.late_verdicts.labels(stage=self.STAGE, job=job, outcome=outcome).inc()
+
+    def jobs(self, jobs: set[str]) -> None:
+        """Export the late counters of every job seen, from 0 (a rate needs a start)."""
+        if self.m is None or jobs <= self._exported:
+            return
+        for job in jobs - self._exported:
+            self.m.late_events.labels(stage=self.STAGE, job=job).inc(0)
+            for outcome in ("judged", "deadlettered"):
+                self.m.late_verdicts.labels(stage=self.STAGE, job=job, outcome=outcome).inc(0)
+        self._exported |= jobs
 
     def lag(self, app: Any, assigned: set[Any]) -> None:
         """Lag = high watermark - next offset to read, per assigned partition."""

@@ -32,6 +32,7 @@ from streams.app.checkpoint import CheckpointSchedule
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import CorrelatorLike, DetectorLike, Engine
 from streams.commands import IsolationCommand
+from streams.core.correlate import LateEvidence
 from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict
 
 __all__ = [
@@ -61,6 +62,11 @@ class Output:
     deadletters: list[DeadLetter] = field(default_factory=list)
     checkpoints: list[tuple[int, bytes, bytes]] = field(default_factory=list)
     """(partition, key, state bytes) to write to the table."""
+    late_events: list[tuple[str, int]] = field(default_factory=list)
+    """(job, events) dead-lettered as late beyond the allowed lateness."""
+    late_verdicts: list[tuple[str, str]] = field(default_factory=list)
+    """(job, outcome) per verdict that came behind its job's watermark: ``judged``
+    (within the allowed lateness) or ``deadlettered`` (beyond it)."""
 
     def concluded(self, verdicts: list[Verdict], clock_us: int) -> None:
         self.verdicts.extend(verdicts)
@@ -100,15 +106,31 @@ def contract_problem(events: Sequence[Event]) -> str | None:
 
 
 class _Comm:
-    __slots__ = ("detector", "partition")
+    __slots__ = ("detector", "job", "judged_us", "partition")
 
-    def __init__(self, detector: DetectorLike, partition: int) -> None:
+    def __init__(self, detector: DetectorLike, partition: int, job: str) -> None:
         self.detector = detector
         self.partition = partition
+        self.job = job
+        self.judged_us = -1
+        """Event time this communicator's detector has been judged up to (events
+        observed, or advanced to): its windows before that are closed."""
+
+
+Lane = tuple[int, str]
+"""(events partition, job): one job's event time within one partition."""
 
 
 class CommRouter:
-    """All communicators of one worker, by partition."""
+    """All communicators of one worker, by partition and job.
+
+    Event time is kept per *lane* (partition, job): a job's communicators are advanced
+    by that job's clock only, so a job whose events run minutes behind another's in the
+    same partition (a delayed exporter, a replayed trace) is judged on its own time.
+    A message whose events are behind the time their communicator was already judged up
+    to by more than ``allowed_lateness_us`` cannot be judged any more (its windows are
+    closed): it is dead-lettered "late by N s" and counted in ``late_events`` per job.
+    """
 
     def __init__(
         self,
@@ -118,28 +140,39 @@ class CommRouter:
         checkpoint_every_events: int,
         checkpoint_every_s: float,
         advance_every_us: int,
+        allowed_lateness_us: int = 10_000_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.lookup = lookup
         self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
         self.advance_every_us = advance_every_us
+        self.allowed_lateness_us = allowed_lateness_us
         self.wall = clock
         self.comms: dict[str, _Comm] = {}
-        self.by_partition: dict[int, set[str]] = {}
-        self.clock_us: dict[int, int] = {}
-        self._advanced_us: dict[int, int] = {}
-        self._slice_end: dict[int, int] = {}
-        self.pending: dict[int, dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]]
+        self.by_lane: dict[Lane, set[str]] = {}
+        self.clock_us: dict[Lane, int] = {}
+        """Event-time clock (newest ``ts_us`` seen) per lane."""
+        self._advanced_us: dict[Lane, int] = {}
+        self._slice_end: dict[Lane, int] = {}
+        self.pending: dict[Lane, dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]]
         self.pending = {}
-        """Per partition, the events of its open event-time slice, by communicator:
+        """Per lane, the events of its open event-time slice, by communicator:
         comm -> (its events, (record, its events) per message)."""
-        self._active: set[int] = set()
-        """Partitions that got messages since the last tick()."""
+        self._active: set[Lane] = set()
+        """Lanes that got messages since the last tick()."""
+        self.late_events: dict[str, int] = {}
+        """Per job: events dead-lettered as late beyond the allowed lateness."""
+        self.jobs: set[str] = set()
+        """Every job seen (its metrics are exported from 0)."""
         self.stats = RouterStats()
 
+    def partition_clock(self, p: int) -> int:
+        """Newest clock of any job in partition ``p`` (-1: none)."""
+        return max((t for (q, _), t in self.clock_us.items() if q == p), default=-1)
+
     # ---------------------------------------------------------------- detectors
-    def _comm(self, comm: str, partition: int) -> _Comm:
+    def _comm(self, comm: str, partition: int, job: str) -> _Comm:
         c = self.comms.get(comm)
         if c is not None:
             return c
@@ -155,27 +188,27 @@ class CommRouter:
         if det is None:
             det = self.engine.new_detector(comm)
             self.stats.created += 1
-        c = self.comms[comm] = _Comm(det, partition)
-        self.by_partition.setdefault(partition, set()).add(comm)
+        c = self.comms[comm] = _Comm(det, partition, job)
+        self.by_lane.setdefault((partition, job), set()).add(comm)
+        self.jobs.add(job)
         return c
 
     # ---------------------------------------------------------------- batches
     def process(self, records: Sequence[Record], settle: Collection[int] = ()) -> Output:
         """One ``take`` batch of ``c4.events`` messages.
 
-        ``settle``: partitions without consumer lag (live traffic): their open slice is
+        ``settle``: partitions without consumer lag (live traffic): their open slices are
         judged now, and advanced when due, rather than when the next slice begins, which
         costs up to a second of latency. Partitions with lag (catching up) are judged
-        exactly slice by slice, as DetectionPipeline does."""
+        exactly slice by slice, as DetectionPipeline does (per job)."""
         out = Output()
         st = self.stats
         st.batches += 1
         st.messages += len(records)
-        # As in DetectionPipeline, a slice is judged (observe, then advance every comm of
-        # the partition) when an event of the next slice arrives, whatever the batches:
+        # As in DetectionPipeline, a lane's slice is judged (observe, then advance every
+        # comm of the lane) when an event of its next slice arrives, whatever the batches:
         # a catch-up batch spanning minutes of event time is judged slice by slice, and a
         # slice spread over many small batches is judged at once, like offline.
-        pending = self.pending
         for rec in records:
             try:
                 events = decode_message(rec.value)
@@ -187,59 +220,75 @@ class CommRouter:
                 out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
                 continue
             st.events += len(events)
-            p = rec.partition
-            self._active.add(p)
-            top = max(ev.ts_us for ev in events)
-            end = self._slice_end.get(p)
-            if end is None or top >= end:
-                if end is not None and p in pending:
-                    self._judge(p, pending.pop(p), out)
-                    self._advance_partition(p, out)
-                self._slice_end[p] = top - top % self.advance_every_us + self.advance_every_us
-            if top > self.clock_us.get(p, -1):
-                self.clock_us[p] = top
-            groups = pending.setdefault(p, {})
             first = events[0].comm
             if all(ev.comm == first for ev in events):  # the usual case: one comm per message
-                g = groups.get(first)
-                if g is None:
-                    self._comm(first, p)  # restored (or created) on arrival, like status says
-                    g = groups[first] = ([], [])
-                g[0].extend(events)
-                g[1].append((rec, events))
+                self._take(rec, first, events, out)
             else:
                 per_comm: dict[str, list[Event]] = {}
                 for ev in events:
                     per_comm.setdefault(ev.comm, []).append(ev)
                 for comm, evs in per_comm.items():
-                    g = groups.get(comm)
-                    if g is None:
-                        self._comm(comm, p)
-                        g = groups[comm] = ([], [])
-                    g[0].extend(evs)
-                    g[1].append((rec, evs))
-        for p in settle:
-            groups = pending.pop(p, None)
+                    self._take(rec, comm, evs, out)
+        for lane in [lane for lane in self.clock_us if lane[0] in settle]:
+            groups = self.pending.pop(lane, None)
             if groups:
-                self._judge(p, groups, out)
-            if p in self.clock_us and (
-                self.clock_us[p] - self._advanced_us.get(p, 0) >= self.advance_every_us
-            ):
-                self._advance_partition(p, out)
+                self._judge(lane, groups, out)
+            if self.clock_us[lane] - self._advanced_us.get(lane, 0) >= self.advance_every_us:
+                self._advance_lane(lane, out)
         out.checkpoints.extend(self._checkpoint(self.schedule.take_due(self.wall())))
         self._count(out)
         return out
 
+    def _take(self, rec: Record, comm: str, events: list[Event], out: Output) -> None:
+        """Put one communicator's events of one message into its lane's open slice."""
+        p = rec.partition
+        c = self.comms.get(comm)
+        top = max(ev.ts_us for ev in events)
+        if c is not None and c.judged_us - top > self.allowed_lateness_us:
+            late = c.judged_us - top
+            self.late_events[c.job] = self.late_events.get(c.job, 0) + len(events)
+            out.late_events.append((c.job, len(events)))
+            out.deadletters.append(
+                dead_letter(
+                    rec,
+                    f"late by {late / 1e6:.0f} s: communicator {comm} of job {c.job} was "
+                    f"already judged up to {c.judged_us} (event time), these "
+                    f"{len(events)} events end at {top}; allowed lateness "
+                    f"{self.allowed_lateness_us / 1e6:g} s",
+                )
+            )
+            return
+        if c is None:
+            c = self._comm(comm, p, events[0].job)  # restored (or created) on arrival
+        lane = (c.partition, c.job)
+        self._active.add(lane)
+        end = self._slice_end.get(lane)
+        if end is None or top >= end:
+            if end is not None and lane in self.pending:
+                self._judge(lane, self.pending.pop(lane), out)
+                self._advance_lane(lane, out)
+            self._slice_end[lane] = top - top % self.advance_every_us + self.advance_every_us
+        if top > self.clock_us.get(lane, -1):
+            self.clock_us[lane] = top
+        g = self.pending.setdefault(lane, {}).get(comm)
+        if g is None:
+            g = self.pending[lane][comm] = ([], [])
+        g[0].extend(events)
+        g[1].append((rec, events))
+
     def _judge(
         self,
-        p: int,
+        lane: Lane,
         groups: dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]],
         out: Output,
     ) -> None:
         now = self.wall()
-        clock = self.clock_us[p]
+        clock = self.clock_us[lane]
         for comm, (events, parts) in groups.items():
-            c = self._comm(comm, p)
+            c = self.comms[comm]
+            top = max(ev.ts_us for ev in events)
+            if top > c.judged_us:
+                c.judged_us = top
             try:
                 out.concluded(c.detector.observe(events), clock)
             except Exception as err:
@@ -265,12 +314,14 @@ class CommRouter:
         reason = f"detector error in communicator {comm}: {type(err).__name__}: {err}"
         out.deadletters.append(dead_letter(rec, reason))
 
-    def _advance_partition(self, p: int, out: Output) -> None:
-        now_us = self.clock_us[p]
-        self._advanced_us[p] = now_us
+    def _advance_lane(self, lane: Lane, out: Output) -> None:
+        now_us = self.clock_us[lane]
+        self._advanced_us[lane] = now_us
         wall = self.wall()
-        for comm in list(self.by_partition.get(p, ())):
+        for comm in list(self.by_lane.get(lane, ())):
             c = self.comms[comm]
+            if now_us > c.judged_us:
+                c.judged_us = now_us
             try:
                 found = c.detector.advance(now_us)
             except Exception:
@@ -282,25 +333,30 @@ class CommRouter:
                 self.schedule.touch(comm, 0, wall)
 
     def tick(self) -> Output:
-        """Wall-clock timer: close the open slice of every partition that got no message
-        since the previous tick (traffic stopped: judge it and advance, so a hang is
-        still found), take time-due checkpoints."""
+        """Wall-clock timer: close the open slice of every lane that got no message since
+        the previous tick (traffic stopped: judge it and advance, so a hang is still
+        found), take time-due checkpoints."""
         quiet = set(self.clock_us) - self._active
         self._active.clear()
-        out = self.close_slices(quiet)
+        out = self._close(quiet)
         out.checkpoints.extend(self._checkpoint(self.schedule.take_due(self.wall())))
         self._count(out)
         return out
 
     def close_slices(self, partitions: set[int] | None = None) -> Output:
-        """Judge the open slice of ``partitions`` (all by default) and advance them."""
+        """Judge the open slices of ``partitions`` (all by default) and advance them."""
+        return self._close(
+            {lane for lane in self.clock_us if partitions is None or lane[0] in partitions}
+        )
+
+    def _close(self, lanes: set[Lane]) -> Output:
         out = Output()
-        for p in list(self.clock_us if partitions is None else partitions):
-            groups = self.pending.pop(p, None)
+        for lane in sorted(lanes):
+            groups = self.pending.pop(lane, None)
             if groups:
-                self._judge(p, groups, out)
-            if p in self.clock_us and self.clock_us[p] > self._advanced_us.get(p, 0):
-                self._advance_partition(p, out)
+                self._judge(lane, groups, out)
+            if lane in self.clock_us and self.clock_us[lane] > self._advanced_us.get(lane, 0):
+                self._advance_lane(lane, out)
         return out
 
     def _checkpoint(self, comms: list[str]) -> list[tuple[int, bytes, bytes]]:
@@ -329,16 +385,20 @@ class CommRouter:
         out.checkpoints.extend(self._checkpoint(self.schedule.take_all(keys)))
         if drop:
             for comm in keys:
-                c = self.comms.pop(comm)
-                self.by_partition.get(c.partition, set()).discard(comm)
+                self.comms.pop(comm)
                 self.schedule.forget(comm)
-            for p in partitions or set(self.clock_us):
-                self.clock_us.pop(p, None)
-                self._advanced_us.pop(p, None)
-                self._slice_end.pop(p, None)
-                self.by_partition.pop(p, None)
-                self.pending.pop(p, None)
-                self._active.discard(p)
+            lanes = {
+                lane
+                for lane in set(self.clock_us) | set(self.by_lane)
+                if partitions is None or lane[0] in partitions
+            }
+            for lane in lanes:
+                self.clock_us.pop(lane, None)
+                self._advanced_us.pop(lane, None)
+                self._slice_end.pop(lane, None)
+                self.by_lane.pop(lane, None)
+                self.pending.pop(lane, None)
+                self._active.discard(lane)
         self._count(out)
         return out
 
@@ -349,23 +409,27 @@ class CommRouter:
 
 
 class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Event-time progress of one ``c4.events`` partition, sent by agent 1 to agent 2.
+    """Event-time progress of one job in one ``c4.events`` partition, sent by agent 1 to
+    agent 2.
 
     Verdicts of different partitions reach the correlator out of event-time order (one
     partition may be seconds ahead of another, very much so while catching up), and the
     correlator must see a victim's "waiting in communicator X" before it judges that
-    victim as the culprit elsewhere. So agent 2 holds verdicts until every events
-    partition's clock has passed them, and feeds them in event-time order.
+    victim as the culprit elsewhere. So agent 2 holds each job's verdicts until every
+    events partition's clock *for that job* has passed them, and feeds them in event-time
+    order. ``job`` names the job the mark holds back; a mark without one speaks for the
+    partition as a whole (clock -1: nothing of any job there yet; older senders).
 
-    >>> decode_watermark(encode_watermark(Watermark(partition=3, clock_us=7)))
-    Watermark(partition=3, clock_us=7, caught_up=False, verdicts_offset=-1)
+    >>> decode_watermark(encode_watermark(Watermark(partition=3, clock_us=7, job="j")))
+    Watermark(partition=3, clock_us=7, caught_up=False, verdicts_offset=-1, job='j')
     >>> encode_watermark(Watermark(partition=3, clock_us=-1, caught_up=True))
     b'{"partition":3,"clock_us":-1,"caught_up":true}'
     """
 
     partition: int
     clock_us: int
-    """Newest ``ts_us`` judged in this partition; -1 if none since the sender started."""
+    """Newest ``ts_us`` judged in this partition (for ``job``); -1 if none since the
+    sender started."""
     caught_up: bool = False
     """The sender had judged everything in the partition (no consumer lag) when it sent
     this: the only case in which the partition may stop holding the watermark back."""
@@ -373,6 +437,8 @@ class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
     """Offset of the last verdict the sender had put on the ``c4.verdicts`` partition this
     watermark travels with (-1: none). The two topics are fetched independently, so the
     mark only counts once the correlator has read the verdicts partition that far."""
+    job: str | None = None
+    """The job whose event time this is (None: the partition as a whole)."""
 
 
 _wm_decoder = msgspec.json.Decoder(Watermark)
@@ -388,7 +454,8 @@ def decode_watermark(data: bytes) -> Watermark:
 
 @dataclass
 class _Mark:
-    """What the correlator knows of one events partition (wall times are its own)."""
+    """What the correlator knows of one events partition, or of one job in it (wall
+    times are its own)."""
 
     clock_us: int
     heard: float
@@ -397,31 +464,44 @@ class _Mark:
     """When its clock last moved."""
     idle_since: float | None = None
     """Since when every report said "caught up" at an unchanged clock (None: lagging)."""
+    reported: bool = False
+    """Some report arrived since the correlator started (else the partition holds every
+    job back, for up to ``max_hold_s``: after a restart it may hold anything)."""
+    caught_at: float | None = None
+    """When a report last said "caught up" (no consumer lag)."""
+
+
+Held = tuple[int, int, bool, int, Verdict, Record]
+"""(slice end, ts_us, not benign, seq, verdict, record): a heap entry."""
 
 
 class CorrelatorRunner:
-    """One host correlator per ``c4.verdicts`` partition, fed in event-time order.
+    """One host correlator per ``c4.verdicts`` partition, fed in event-time order per job.
 
     Verdicts are judged in the order :class:`~streams.core.DetectionPipeline` judges
     them: by the event-time slice (``slice_us``) of the clock at which their detector
     concluded them (header :data:`~streams.app.deadletter.CLOCK_HEADER`; a hang found
     late carries an early ``ts_us``), then by ``ts_us``, benign notes first. A slice is
-    judged once the watermark has passed its end: no partition can conclude anything in
-    it any more.
+    judged once its job's watermark has passed its end: no partition can conclude
+    anything of that job in it any more.
 
-    The event-time watermark of a verdicts partition is the minimum clock of the
-    ``c4.events`` partitions (all ``events_partitions`` of them when given, else those
-    that reported), not counting a partition that
+    Event time is per job. The watermark of job J on a verdicts partition is the minimum
+    clock for J of the ``c4.events`` partitions that reported J (a partition that never
+    reported anything since the start holds every job), not counting a partition that
 
     * has had no consumer lag at an unchanged clock for ``idle_s`` of wall time (no
       traffic: it must not hold everything back), or
     * sent no report at all for ``max_hold_s`` of wall time (its worker is gone).
 
     A partition with lag always holds, however slow the machine: wall time alone never
-    lets a verdict overtake one that explains it. A partition not heard of yet (e.g.
-    after a restart) holds too. When no partition holds, the newest clock moves on by
-    wall time, so cool-downs still expire. At most ``max_pending`` verdicts per verdicts
-    partition are held (the oldest are judged beyond that: bounded state).
+    lets a verdict overtake one that explains it. When no partition holds J, J's newest
+    clock moves on by wall time, but at most half of ``allowed_lateness_us`` (so its last
+    hangs settle; and a backlog of J that arrives later, say from an exporter that was cut
+    off, is still within the allowed lateness). A verdict that arrives after its job's
+    watermark passed it is judged at once (counted ``judged`` in ``late_verdicts``); the
+    correlator refuses one beyond the allowed lateness, which is dead-lettered "late by
+    N s" (counted ``deadlettered``). At most ``max_pending`` verdicts per verdicts
+    partition and job are held (the oldest are judged beyond that: bounded state).
     """
 
     def __init__(
@@ -437,6 +517,7 @@ class CorrelatorRunner:
         max_hold_s: float = 30.0,
         slice_us: int = 500_000,
         max_pending: int = 100_000,
+        allowed_lateness_us: int = 10_000_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
@@ -448,19 +529,29 @@ class CorrelatorRunner:
         self.max_hold_s = max_hold_s
         self.slice_us = slice_us
         self.max_pending = max_pending
+        self.quiet_run_us = allowed_lateness_us // 2
         self.wall = clock
         self.started = clock()
         self.correlators: dict[int, CorrelatorLike] = {}
         self.marks: dict[int, dict[int, _Mark]] = {}
         """verdicts partition -> events partition -> what its reports said."""
+        self.lanes: dict[int, dict[Lane, _Mark]] = {}
+        """verdicts partition -> (events partition, job) -> what its reports said."""
         self.read_upto: dict[int, int] = {}
         """verdicts partition -> highest offset read."""
         self.deferred: dict[int, list[tuple[Watermark, float]]] = {}
         """Watermarks whose verdicts have not been read yet, with when they arrived."""
-        self.pending: dict[int, list[tuple[int, int, bool, int, Verdict, Record]]] = {}
-        """verdicts partition -> heap of (slice end, ts_us, not benign, seq, ...)."""
+        self.pending: dict[int, dict[str, list[Held]]] = {}
+        """verdicts partition -> job -> heap of held verdicts."""
         self._seq = 0
-        self._advanced_us: dict[int, int] = {}
+        self._advanced_us: dict[tuple[int, str], int] = {}
+        """(verdicts partition, job) -> event time its correlator was advanced to."""
+        self.late_verdicts: dict[str, dict[str, int]] = {}
+        """job -> outcome (``judged``/``deadlettered``) -> verdicts that came behind the
+        job's watermark."""
+        self.jobs: set[str] = set()
+        self.job_seen: dict[str, float] = {}
+        """job -> wall time this correlator first heard of it."""
         self.stats = RouterStats()
 
     @staticmethod
@@ -494,12 +585,12 @@ class CorrelatorRunner:
             marks = self.marks[q] = {p: _Mark(-1, t, t) for p in range(n)}
         return marks
 
-    def _apply(self, q: int, wm: Watermark, now: float) -> None:
-        marks = self._marks(q)
-        m = marks.get(wm.partition)
-        if m is None:
-            m = marks[wm.partition] = _Mark(-1, now, now)
+    @staticmethod
+    def _update(m: _Mark, wm: Watermark, now: float) -> None:
         m.heard = now
+        m.reported = True
+        if wm.caught_up:
+            m.caught_at = now
         moved = wm.clock_us > m.clock_us
         if moved:  # clocks never go back (a restarted sender starts at -1)
             m.clock_us = wm.clock_us
@@ -509,34 +600,89 @@ class CorrelatorRunner:
         elif moved or m.idle_since is None:
             m.idle_since = now
 
-    def watermark(self, now: float, q: int = 0) -> int | None:
-        """Event time up to which every events partition's verdicts have reached verdicts
-        partition ``q`` (None: nothing can be released yet)."""
+    def _apply(self, q: int, wm: Watermark, now: float) -> None:
         marks = self._marks(q)
-        holding = [
-            m.clock_us
-            for m in marks.values()
-            if now - m.heard < self.max_hold_s
-            and (m.idle_since is None or now - m.idle_since < self.idle_s)
-        ]
+        m = marks.get(wm.partition)
+        if m is None:
+            m = marks[wm.partition] = _Mark(-1, now, now)
+        if wm.job is None:
+            self._update(m, wm, now)
+            return
+        m.heard, m.reported = now, True
+        if wm.caught_up:
+            m.caught_at = now
+        lanes = self.lanes.setdefault(q, {})
+        lm = lanes.get((wm.partition, wm.job))
+        if lm is None:
+            lm = lanes[(wm.partition, wm.job)] = _Mark(-1, now, now)
+            self._seen(wm.job, now)
+        self._update(lm, wm, now)
+
+    def _seen(self, job: str, now: float) -> None:
+        if job not in self.jobs:
+            self.jobs.add(job)
+            self.job_seen[job] = now
+
+    def _holds(self, m: _Mark, now: float) -> bool:
+        return m.idle_since is None or now - m.idle_since < self.idle_s
+
+    def watermark(self, now: float, q: int = 0, job: str | None = None) -> int | None:
+        """Event time of ``job`` up to which every events partition's verdicts have
+        reached verdicts partition ``q`` (None: nothing can be released yet). Without a
+        job: the partitions' own clocks (marks sent without a job)."""
+        marks = self._marks(q)
+        if job is None:
+            holding = [
+                m.clock_us
+                for m in marks.values()
+                if now - m.heard < self.max_hold_s and self._holds(m, now)
+            ]
+            if holding:
+                low = min(holding)
+                return low if low >= 0 else None
+            known = [m for m in marks.values() if m.clock_us >= 0]
+            if not known:
+                return None
+            newest = max(known, key=lambda m: m.clock_us)
+            return newest.clock_us + int((now - newest.moved) * 1e6)
+        lanes = self.lanes.get(q, {})
+        holding = []
+        known = []
+        for p, m in marks.items():
+            lm = lanes.get((p, job))
+            if lm is None and m.clock_us >= 0:
+                lm = m  # a sender that reports partitions, not jobs
+            if lm is not None and lm.clock_us >= 0:
+                known.append(lm)
+            if now - m.heard >= self.max_hold_s:
+                continue  # gone
+            if lm is None:
+                # Nothing of this job reported from p. It may still hold some in its
+                # backlog if it was not heard of since the start, or has not been caught
+                # up since the job was first seen; otherwise it judged all it had of it.
+                seen = self.job_seen.get(job, now)
+                if not m.reported or m.caught_at is None or m.caught_at < seen:
+                    holding.append(-1)
+                continue
+            if self._holds(lm, now):
+                holding.append(lm.clock_us)
         if holding:
             low = min(holding)
             return low if low >= 0 else None
-        known = [m for m in marks.values() if m.clock_us >= 0]
         if not known:
             return None
         newest = max(known, key=lambda m: m.clock_us)
-        return newest.clock_us + int((now - newest.moved) * 1e6)
+        return newest.clock_us + min(int((now - newest.moved) * 1e6), self.quiet_run_us)
 
     def describe(self) -> dict[str, Any]:
-        """Per verdicts partition: the watermark, held verdicts and each events
+        """Per verdicts partition and job: the watermark, held verdicts and each events
         partition's clock / seconds since heard / seconds caught up (for status.json)."""
         now = self.wall()
         out: dict[str, Any] = {}
         for q, marks in self.marks.items():
+            lanes = self.lanes.get(q, {})
+            jobs = sorted({j for _, j in lanes} | set(self.pending.get(q, {})))
             out[str(q)] = {
-                "watermark_us": self.watermark(now, q),
-                "held": len(self.pending.get(q, ())),
                 "deferred": len(self.deferred.get(q, ())),
                 "partitions": {
                     str(p): [
@@ -545,6 +691,23 @@ class CorrelatorRunner:
                         None if m.idle_since is None else round(now - m.idle_since, 1),
                     ]
                     for p, m in sorted(marks.items())
+                },
+                "jobs": {
+                    job: {
+                        "watermark_us": self.watermark(now, q, job),
+                        "held": len(self.pending.get(q, {}).get(job, ())),
+                        "holding": sorted(
+                            p
+                            for (p, j), lm in lanes.items()
+                            if j == job
+                            and now - marks[p].heard < self.max_hold_s
+                            and self._holds(lm, now)
+                        ),
+                        "clocks": {
+                            str(p): lm.clock_us for (p, j), lm in sorted(lanes.items()) if j == job
+                        },
+                    }
+                    for job in jobs
                 },
             }
         return out
@@ -578,10 +741,11 @@ class CorrelatorRunner:
             st.events += 1
             self._seq += 1
             self._correlator(q)  # restored (or created) now: status shows what serves q
+            self._seen(verdict.job, now)
             clock = rec.clock_us if rec.clock_us is not None else verdict.ts_us
             end = clock - clock % self.slice_us + self.slice_us
             heapq.heappush(
-                self.pending.setdefault(q, []),
+                self.pending.setdefault(q, {}).setdefault(verdict.job, []),
                 (end, verdict.ts_us, not verdict.benign, self._seq, verdict, rec),
             )
         self._release(out, now)
@@ -606,40 +770,57 @@ class CorrelatorRunner:
 
     def _release(self, out: Output, now: float) -> None:
         self._undefer(now)
-        for q, heap in self.pending.items():
-            wm = self.watermark(now, q)
-            while heap and ((wm is not None and heap[0][0] <= wm) or len(heap) > self.max_pending):
-                verdict, rec = heapq.heappop(heap)[-2:]
-                self._observe(q, verdict, rec, out, now)
+        for q, jobs in self.pending.items():
+            for job, heap in jobs.items():
+                wm = self.watermark(now, q, job)
+                while heap and (
+                    (wm is not None and heap[0][0] <= wm) or len(heap) > self.max_pending
+                ):
+                    self._observe(q, heapq.heappop(heap), out, now)
         for q, cor in self.correlators.items():
-            wm = self.watermark(now, q)
-            if wm is None or wm <= self._advanced_us.get(q, -1):
-                continue
-            self._advanced_us[q] = wm
-            try:
-                found = cor.advance(wm)
-            except Exception:
-                self.stats.detector_errors += 1
-                log.exception("host correlator %d failed to advance", q)
-                continue
-            if found:
-                out.commands.extend(found)
-                self.schedule.touch(q, 1, now)
+            jobs = {j for _, j in self.lanes.get(q, {})} | set(self.pending.get(q, {}))
+            for job in sorted(jobs):
+                wm = self.watermark(now, q, job)
+                if wm is None or wm <= self._advanced_us.get((q, job), -1):
+                    continue
+                self._advanced_us[(q, job)] = wm
+                try:
+                    found = cor.advance(wm, job)
+                except Exception:
+                    self.stats.detector_errors += 1
+                    log.exception("host correlator %d failed to advance job %s", q, job)
+                    continue
+                if found:
+                    out.commands.extend(found)
+                    self.schedule.touch(q, 1, now)
 
-    def _observe(self, p: int, verdict: Verdict, rec: Record, out: Output, now: float) -> None:
+    def _observe(self, p: int, held: Held, out: Output, now: float) -> None:
+        end, verdict, rec = held[0], held[-2], held[-1]
         cor = self._correlator(p)
+        behind = end <= self._advanced_us.get((p, verdict.job), -1)
         try:
             out.commands.extend(cor.observe(verdict))
+        except LateEvidence as err:
+            self._late(verdict.job, "deadlettered", out)
+            out.deadletters.append(dead_letter(rec, str(err)))
+            return
         except Exception as err:
             self.stats.detector_errors += 1
             log.exception("host correlator failed on verdict %s", verdict.id)
             reason = f"correlator error: {type(err).__name__}: {err}"
             out.deadletters.append(dead_letter(rec, reason))
             return
+        if behind:  # its job's watermark had passed it: judged late, within the lateness
+            self._late(verdict.job, "judged", out)
         self.schedule.touch(p, 1, now)
 
+    def _late(self, job: str, outcome: str, out: Output) -> None:
+        counts = self.late_verdicts.setdefault(job, {})
+        counts[outcome] = counts.get(outcome, 0) + 1
+        out.late_verdicts.append((job, outcome))
+
     def tick(self) -> Output:
-        """Release what the watermark allows; advance correlators; time-due checkpoints."""
+        """Release what the watermarks allow; advance correlators; time-due checkpoints."""
         out = Output()
         now = self.wall()
         self._release(out, now)
@@ -658,14 +839,14 @@ class CorrelatorRunner:
         return out
 
     def flush(self, partitions: set[int] | None = None, *, drop: bool = False) -> Output:
-        """Judge every held verdict (in event-time order), then checkpoint."""
+        """Judge every held verdict (in event-time order per job), then checkpoint."""
         out = Output()
         now = self.wall()
         held = {p: h for p, h in self.pending.items() if partitions is None or p in partitions}
-        for p, heap in held.items():
-            while heap:
-                verdict, rec = heapq.heappop(heap)[-2:]
-                self._observe(p, verdict, rec, out, now)
+        for p, jobs in held.items():
+            for heap in jobs.values():
+                while heap:
+                    self._observe(p, heapq.heappop(heap), out, now)
         parts = [p for p in self.correlators if partitions is None or p in partitions]
         out.checkpoints.extend(self._checkpoint(self.schedule.take_all(parts)))
         if drop:
@@ -674,9 +855,11 @@ class CorrelatorRunner:
                 self.pending.pop(p, None)
             for q in list(self.marks) if partitions is None else partitions:
                 self.marks.pop(q, None)
+                self.lanes.pop(q, None)
                 self.deferred.pop(q, None)
                 self.read_upto.pop(q, None)
-                self._advanced_us.pop(q, None)
+                for k in [k for k in self._advanced_us if k[0] == q]:
+                    del self._advanced_us[k]
         self._count(out)
         return out
 
