@@ -293,16 +293,26 @@ class HostCorrelator:
         total = sum(e.score for e in best.values())
         windows = {e.window for e in best.values()}
         comms = {e.comm for e in best.values()}
+        # ``at``: the event time at which the evidence became enough, whenever the clock
+        # got here (a worker advances in coarser steps than the offline pipeline)
+        at = max(e.ts for e in best.values())
         if fault in _HANGS:
             first = min(e.ts for e in live)
             if total < cfg.hang_min_score or now - first < cfg.hang_settle_us:
                 return None
+            at = max(at, first + cfg.hang_settle_us)
             # one GPU so far: wait a little for the host's other communicators, which
             # tell a dead host (every GPU stops) from one hung process
             gpus = {e.comp[0] for e in best.values() if e.comp[0] is not None}
-            gpus |= self._silent_gpus(job, host, first)
-            if fault == "noncomm_hang" and len(gpus) < 2 and now - first < cfg.host_wait_us:
-                return None
+            silent = self._silent_gpus(job, host, first)
+            if fault == "noncomm_hang" and len(gpus | silent) < 2:
+                if now - first < cfg.host_wait_us:
+                    return None
+                at = max(at, first + cfg.host_wait_us)
+            elif fault == "noncomm_hang" and len(gpus) < 2:  # silence notes made it two
+                notes = self.silent.get((job, host), {})
+                when = sorted(notes[g] for g in silent - gpus)
+                at = max(at, when[1 - len(gpus)])
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
         comp, chosen = self._component(fault, list(best.values()))
@@ -311,7 +321,7 @@ class HostCorrelator:
             if self._silent_gpus(job, host, first) - {comp[0]}:  # its other GPUs went quiet
                 comp = (None, None, None)
         rail = self._job_wide_rail(job, min(e.ts for e in live)) if fault in _HANGS else ""
-        return self._command(key, ep, comp, chosen, total, windows, comms, rail)
+        return self._command(key, ep, comp, chosen, total, windows, comms, min(at, now), rail)
 
     def _job_wide_rail(self, job: str, first_ts: int) -> str:
         """Why not to isolate, when hangs started on many of the job's hosts at once.
@@ -367,8 +377,10 @@ class HostCorrelator:
         total: float,
         windows: set[int],
         comms: set[str],
+        at: int,
         rail: str = "",
     ) -> IsolationCommand:
+        """The command, stamped ``at`` (when its evidence became enough, event time)."""
         job, host, fault = key
         cfg = self.config
         now = self.clock[job]
@@ -392,9 +404,9 @@ class HostCorrelator:
                     f"isolated in the last hour (cap {cap})."
                 )
             else:
-                log.append(now)
+                log.append(at)
         ep.decided = cid
-        self.cooldown[(job, host)] = now + cfg.cooldown_us
+        self.cooldown[(job, host)] = at + cfg.cooldown_us
         used = {e.comm for e in chosen}
         w0 = min(e.window for e in chosen)
         w1 = max(e.ts for e in chosen)
@@ -405,7 +417,7 @@ class HostCorrelator:
             "verdicts": len(chosen),
             "score": round(total, 3),
             "first_window_us": w0,
-            "decided_after_s": round((now - w0) / 1e6, 1),
+            "decided_after_s": round((at - w0) / 1e6, 1),
             "all_communicators": len(comms),
             "all_windows": len(windows),
         }
@@ -413,7 +425,7 @@ class HostCorrelator:
         reason = _reason(fault, host, comp, chosen, w0, w1, silent) + rail
         return IsolationCommand(
             id=cid,
-            ts_us=now,
+            ts_us=at,
             job=job,
             host=host,
             fault=fault,  # type: ignore[arg-type]
