@@ -293,26 +293,16 @@ class HostCorrelator:
         total = sum(e.score for e in best.values())
         windows = {e.window for e in best.values()}
         comms = {e.comm for e in best.values()}
-        # ``at``: the event time at which the evidence became enough, whenever the clock
-        # got here (a worker advances in coarser steps than the offline pipeline)
-        at = max(e.ts for e in best.values())
         if fault in _HANGS:
             first = min(e.ts for e in live)
             if total < cfg.hang_min_score or now - first < cfg.hang_settle_us:
                 return None
-            at = max(at, first + cfg.hang_settle_us)
             # one GPU so far: wait a little for the host's other communicators, which
             # tell a dead host (every GPU stops) from one hung process
             gpus = {e.comp[0] for e in best.values() if e.comp[0] is not None}
-            silent = self._silent_gpus(job, host, first)
-            if fault == "noncomm_hang" and len(gpus | silent) < 2:
-                if now - first < cfg.host_wait_us:
-                    return None
-                at = max(at, first + cfg.host_wait_us)
-            elif fault == "noncomm_hang" and len(gpus) < 2:  # silence notes made it two
-                notes = self.silent.get((job, host), {})
-                when = sorted(notes[g] for g in silent - gpus)
-                at = max(at, when[1 - len(gpus)])
+            gpus |= self._silent_gpus(job, host, first)
+            if fault == "noncomm_hang" and len(gpus) < 2 and now - first < cfg.host_wait_us:
+                return None
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
         comp, chosen = self._component(fault, list(best.values()))
@@ -321,7 +311,44 @@ class HostCorrelator:
             if self._silent_gpus(job, host, first) - {comp[0]}:  # its other GPUs went quiet
                 comp = (None, None, None)
         rail = self._job_wide_rail(job, min(e.ts for e in live)) if fault in _HANGS else ""
-        return self._command(key, ep, comp, chosen, total, windows, comms, min(at, now), rail)
+        at = min(now, self._enough_at(job, host, fault, live))
+        return self._command(key, ep, comp, chosen, total, windows, comms, at, rail)
+
+    def _enough_at(self, job: str, host: str, fault: str, live: list[_Entry]) -> int:
+        """The earliest event time at which ``live`` (evidence found enough) was enough,
+        by the rules of :meth:`_decide` applied to its prefixes in ``ts`` order.
+
+        Commands are stamped with it, so the stamp does not depend on how often the
+        clock was advanced (every slice offline, in coarser steps in a busy worker)."""
+        cfg = self.config
+        first = min(e.ts for e in live)
+        notes = self.silent.get((job, host), {})
+        silent = sorted(t for t in notes.values() if t >= first - _WAIT_MEMORY_US)
+        best: dict[tuple[str, int], _Entry] = {}
+        total = 0.0
+        found: list[int] = []
+        for e in sorted(live, key=lambda x: x.ts):
+            k = (e.comm, e.window)
+            old = best.get(k)
+            if old is None or e.score > old.score:
+                total += e.score - (old.score if old is not None else 0.0)
+                best[k] = e
+            if fault not in _HANGS:
+                windows = len({b.window for b in best.values()})
+                if windows >= cfg.slow_min_windows and total >= cfg.slow_min_score:
+                    return e.ts  # decided on arrival: the first prefix that is enough
+                continue
+            if total < cfg.hang_min_score:
+                continue
+            at = max(e.ts, first + cfg.hang_settle_us)
+            if fault == "noncomm_hang":
+                n = len({b.comp[0] for b in best.values() if b.comp[0] is not None})
+                if n < 2 and n + len(silent) >= 2:  # silence notes make it two GPUs
+                    at = max(at, min(first + cfg.host_wait_us, silent[1 - n]))
+                elif n < 2:
+                    at = max(at, first + cfg.host_wait_us)
+            found.append(at)
+        return min(found) if found else max(e.ts for e in live)
 
     def _job_wide_rail(self, job: str, first_ts: int) -> str:
         """Why not to isolate, when hangs started on many of the job's hosts at once.
