@@ -467,8 +467,8 @@ class _Mark:
     reported: bool = False
     """Some report arrived since the correlator started (else the partition holds every
     job back, for up to ``max_hold_s``: after a restart it may hold anything)."""
-    caught_at: float | None = None
-    """When a report last said "caught up" (no consumer lag)."""
+    caught_since: float | None = None
+    """Since when every report on the partition said "caught up" (None: lagging)."""
 
 
 Held = tuple[int, int, bool, int, Verdict, Record]
@@ -589,8 +589,6 @@ class CorrelatorRunner:
     def _update(m: _Mark, wm: Watermark, now: float) -> None:
         m.heard = now
         m.reported = True
-        if wm.caught_up:
-            m.caught_at = now
         moved = wm.clock_us > m.clock_us
         if moved:  # clocks never go back (a restarted sender starts at -1)
             m.clock_us = wm.clock_us
@@ -605,12 +603,14 @@ class CorrelatorRunner:
         m = marks.get(wm.partition)
         if m is None:
             m = marks[wm.partition] = _Mark(-1, now, now)
+        if not wm.caught_up:
+            m.caught_since = None
+        elif m.caught_since is None:
+            m.caught_since = now
         if wm.job is None:
             self._update(m, wm, now)
             return
         m.heard, m.reported = now, True
-        if wm.caught_up:
-            m.caught_at = now
         lanes = self.lanes.setdefault(q, {})
         lm = lanes.get((wm.partition, wm.job))
         if lm is None:
@@ -658,10 +658,11 @@ class CorrelatorRunner:
                 continue  # gone
             if lm is None:
                 # Nothing of this job reported from p. It may still hold some in its
-                # backlog if it was not heard of since the start, or has not been caught
-                # up since the job was first seen; otherwise it judged all it had of it.
+                # backlog unless it has had no lag for idle_s since the job was first
+                # seen (a "caught up" can be a fetch behind: give it idle_s, as a lane).
                 seen = self.job_seen.get(job, now)
-                if not m.reported or m.caught_at is None or m.caught_at < seen:
+                since = m.caught_since
+                if not m.reported or since is None or now - max(since, seen) < self.idle_s:
                     holding.append(-1)
                 continue
             if self._holds(lm, now):
