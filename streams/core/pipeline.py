@@ -7,7 +7,10 @@ order, to the :class:`HostCorrelator`.
 
 Event time is per job: each job has its own clock and its own slices (a *lane*), and
 only that job's communicators and correlator state are advanced by it, so two jobs whose
-clocks are minutes apart in one stream are each judged on their own time.
+clocks are minutes apart in one stream are each judged on their own time. Events behind
+the time their communicator was already judged up to by more than the policy's
+``allowed_lateness_us`` (one host's backlog after the rest of its job went on) cannot be
+judged any more: they are counted in ``late_events``, as the worker dead-letters them.
 
 >>> p = DetectionPipeline()
 >>> p.feed([]) == [] and p.finish() == []
@@ -61,8 +64,14 @@ class DetectionPipeline:
         self.late: list[tuple[Verdict, str]] = []
         """Verdicts the correlator did not judge, with why (late beyond the allowed
         lateness; cannot happen while each job's events come in order)."""
+        self.late_events: list[tuple[str, str, int, int]] = []
+        """(job, comm, events, late by µs) per batch not judged: beyond the allowed
+        lateness behind what its communicator was already judged up to."""
         self.n_events = 0
         self.lanes: dict[str, _Lane] = {}
+        self._judged: dict[str, int] = {}
+        """comm -> event time its detector was judged up to (observed or advanced)."""
+        self._lateness = self.policy_config.allowed_lateness_us
         self._tick_us = tick_us
         self._max_buffer = max_buffer
 
@@ -86,10 +95,14 @@ class DetectionPipeline:
             # List comprehensions, not generator expressions: this runs for every event.
             comm = events[0].comm
             if len({e.comm for e in events}) == 1:
-                lane = self._lane(events[0].job)
                 tss = [e.ts_us for e in events]
                 ts_lo = min(tss)
                 ts_hi = max(tss)
+                judged = self._judged.get(comm, -1)
+                if judged - ts_hi > self._lateness:
+                    self.late_events.append((events[0].job, comm, len(events), judged - ts_hi))
+                    return out
+                lane = self._lane(events[0].job)
                 if ts_lo >= lane.slice_end or lane.buffered >= self._max_buffer:
                     if lane.buffered:
                         out += self._flush(events[0].job, lane)
@@ -105,8 +118,12 @@ class DetectionPipeline:
                 lane.buffered += len(events)
                 return out
         for e in events:
-            lane = self._lane(e.job)
             ts = e.ts_us
+            judged = self._judged.get(e.comm, -1)
+            if judged - ts > self._lateness:
+                self.late_events.append((e.job, e.comm, 1, judged - ts))
+                continue
+            lane = self._lane(e.job)
             if ts >= lane.slice_end or lane.buffered >= self._max_buffer:
                 if lane.buffered:
                     out += self._flush(e.job, lane)
@@ -138,12 +155,17 @@ class DetectionPipeline:
                 d = self.detectors[comm] = CommDetector(comm, self.detect_config)
                 lane.comms.append(comm)
             verdicts += d.observe(evs)
+            top = max([e.ts_us for e in evs])
+            if top > self._judged.get(comm, -1):
+                self._judged[comm] = top
         self.n_events += lane.buffered
         lane.buf.clear()  # in place: feed() holds a reference to this dict
         lane.buffered = 0
         now = lane.now
         for comm in lane.comms:  # only this job's communicators live on its clock
             verdicts += self.detectors[comm].advance(now)
+            if now > self._judged.get(comm, -1):
+                self._judged[comm] = now
         # notes (benign) first: they say who is a victim before a culprit is judged
         verdicts.sort(key=lambda v: (v.ts_us, not v.benign))
         out: list[IsolationCommand] = []

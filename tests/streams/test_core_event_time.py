@@ -248,3 +248,35 @@ def test_each_job_is_held_by_its_own_watermark_and_late_verdicts_are_counted() -
     assert c.late_verdicts == {"b": {"deadlettered": 1}}
     assert out.late_verdicts == [("b", "deadlettered")]
     assert c.describe()["0"]["jobs"]["a"]["holding"] == [0]  # 1: idle for idle_s
+
+
+@pytest.mark.timeout(60)
+def test_one_hosts_backlog_is_counted_late_by_detect_and_dead_lettered_alike_by_the_worker() -> None:
+    """Host node-002's exporter is cut off from 10 s to 40 s while the rest of its job
+    goes on; its backlog then arrives. What is more than the allowed lateness behind its
+    communicators cannot be judged: counted (offline) / dead-lettered (worker), the same."""
+    sim = msgspec.structs.replace(HANG, duration_s=50, faults=[])
+    full = sim_trace(sim)
+    cut = [b for b in full if b[0].host == "node-002" and T0 + 10e6 <= b[0].ts_us < T0 + 40e6]
+    rest = [b for b in full if b not in cut]
+    stream = [b for b in rest if b[0].ts_us < T0 + 40e6] + cut
+    stream += [b for b in rest if b[0].ts_us >= T0 + 40e6]
+    p = run(stream)
+    total = sum(map(len, full))
+    late = sum(n for _, _, n, _ in p.late_events)
+    assert late > 0 and p.n_events + late == total  # every event judged or counted
+    assert all(by > 10_000_000 for *_, by in p.late_events)
+    assert {job for job, *_ in p.late_events} == {"job-hang"}
+    cut_comms = {b[0].comm for b in cut}
+    assert {comm for _, comm, _, _ in p.late_events} <= cut_comms
+
+    r = CommRouter(CoreEngine(), lambda k: None, checkpoint_every_events=10**9,
+                   checkpoint_every_s=1e9, advance_every_us=500_000)  # fmt: skip
+    recs = [Record("ev", 0, i, None, encode_message(b)) for i, b in enumerate(stream)]
+    letters = []
+    for i in range(0, len(recs), 50):
+        letters += r.process(recs[i : i + 50]).deadletters
+    letters += r.close_slices().deadletters
+    assert all(d.reason.startswith("late by ") for d in letters)
+    assert r.late_events == {"job-hang": late}
+    assert len(letters) == len(p.late_events)
