@@ -251,7 +251,7 @@ def test_each_job_is_held_by_its_own_watermark_and_late_verdicts_are_counted() -
 
 
 @pytest.mark.timeout(60)
-def test_one_hosts_backlog_is_counted_late_by_detect_and_dead_lettered_alike_by_the_worker() -> None:
+def test_one_hosts_backlog_is_counted_late_offline_and_dead_lettered_alike_by_the_worker() -> None:
     """Host node-002's exporter is cut off from 10 s to 40 s while the rest of its job
     goes on; its backlog then arrives. What is more than the allowed lateness behind its
     communicators cannot be judged: counted (offline) / dead-lettered (worker), the same."""
