@@ -155,17 +155,14 @@ class DetectionPipeline:
                 d = self.detectors[comm] = CommDetector(comm, self.detect_config)
                 lane.comms.append(comm)
             verdicts += d.observe(evs)
-            top = max([e.ts_us for e in evs])
-            if top > self._judged.get(comm, -1):
-                self._judged[comm] = top
         self.n_events += lane.buffered
         lane.buf.clear()  # in place: feed() holds a reference to this dict
         lane.buffered = 0
         now = lane.now
+        judged = self._judged
         for comm in lane.comms:  # only this job's communicators live on its clock
             verdicts += self.detectors[comm].advance(now)
-            if now > self._judged.get(comm, -1):
-                self._judged[comm] = now
+            judged[comm] = now  # >= every event just observed: lane.now is their max
         # notes (benign) first: they say who is a victim before a culprit is judged
         verdicts.sort(key=lambda v: (v.ts_us, not v.benign))
         out: list[IsolationCommand] = []
