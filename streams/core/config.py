@@ -13,6 +13,8 @@ True
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from streams.commands import Action, Fault
@@ -108,7 +110,7 @@ class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """Hosts in the job, when known; otherwise the largest communicator seen tells."""
     horizon_us: int = 60_000_000
     """Evidence older than this (event time of its own job) is forgotten."""
-    allowed_lateness_us: int = 10_000_000
+    allowed_lateness_us: Annotated[int, msgspec.Meta(ge=0, le=15_000_000)] = 10_000_000
     """Event time is kept per job. A verdict behind its job's correlator clock by at most
     this much is judged as if in order; a later one is not judged but reported
     (:class:`~streams.core.correlate.LateEvidence`; the worker dead-letters it with

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import pickle
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -16,6 +17,7 @@ from producers.simulator import SCENARIOS, FaultSpec, simulate
 from streams.app.deadletter import Record
 from streams.app.engine import CoreEngine
 from streams.app.router import CommRouter, CorrelatorRunner, Watermark, encode_watermark
+from streams.app.settings import WorkerConfigError, load_worker_config
 from streams.core import DetectionPipeline, HostCorrelator, PolicyConfig
 from streams.core.correlate import LateEvidence
 from streams.verdicts import Verdict, encode_verdict
@@ -280,3 +282,16 @@ def test_one_hosts_backlog_is_counted_late_offline_and_dead_lettered_alike_by_th
     assert all(d.reason.startswith("late by ") for d in letters)
     assert r.late_events == {"job-hang": late}
     assert len(letters) == len(p.late_events)
+
+
+def test_an_allowed_lateness_beyond_what_the_notes_cover_is_refused_when_the_file_is_read(
+    tmp_path: Path,
+) -> None:
+    f = tmp_path / "c4stream.toml"
+    f.write_text("[worker.policy]\nallowed_lateness_us = 20000000\n")
+    with pytest.raises(
+        WorkerConfigError, match=r"<= 15000000 - at `\$.policy.allowed_lateness_us`"
+    ):
+        load_worker_config(f)
+    f.write_text("[worker.policy]\nallowed_lateness_us = 5000000\n")
+    assert load_worker_config(f).policy.allowed_lateness_us == 5_000_000
