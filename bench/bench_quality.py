@@ -3,7 +3,7 @@
 Runs every scenario of :mod:`bench.scenarios` through the simulator once, feeding
 each batch to c4stream's broker-free :class:`~streams.core.DetectionPipeline` and to
 the two baselines of :mod:`bench.baselines` side by side, scores all three with
-:mod:`bench.scoring`, and prints one table row per (fault class and severity,
+:mod:`streams.scoring`, and prints one table row per (fault class and severity,
 detector)::
 
     python -m bench.bench_quality                 # full suite: 90 runs, 128-1024 GPUs
@@ -31,10 +31,10 @@ import msgspec
 
 from bench.baselines import NcclRas, Watchdog
 from bench.scenarios import GROUPS, HANG_WATCH_S, Scenario, suite
-from bench.scoring import Decision, RunScore, from_command, score_run, truth_faults
 from producers.events import Event
 from producers.simulator import EPOCH_US, ground_truth, simulate
 from streams.core import DetectionPipeline
+from streams.scoring import Decision, RunScore, from_command, score_run, truth_faults
 
 DETECTORS = ("c4stream", "watchdog", "nccl-ras")
 

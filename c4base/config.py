@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 
 from c4base.kafka import KafkaConfig
 from c4base.metrics import MetricsConfig
@@ -41,6 +43,7 @@ __all__ = [
     "LogSettings",
     "Section",
     "SettingsError",
+    "describe_error",
     "flag_overrides",
     "load_section",
     "section_data",
@@ -80,16 +83,36 @@ class Section:
     def build(self, data: dict[str, Any], env: Mapping[str, str]) -> Any:
         if self.convert is not None:
             return self.convert(data, env)
-        if is_dataclass(
-            self.cls
-        ):  # msgspec ignores unknown keys of dataclasses; a typo must not pass
-            known = {f.name for f in fields(self.cls)}
-            unknown = sorted(set(data) - known)
-            if unknown:
-                raise ValueError(
-                    f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-                )
+        # msgspec ignores unknown keys of dataclasses and names no alternatives for
+        # structs: a typo must not pass, and the message says what was meant.
+        check_unknown(data, msgspec.inspect.type_info(self.cls))
         return msgspec.convert(data, self.cls, dec_hook=_dec_hook)
+
+
+def check_unknown(data: Any, info: msgspec.inspect.Type, table: str = "") -> None:
+    """Raise ``ValueError`` naming unknown keys of ``data`` (and of its sub-tables).
+
+    >>> check_unknown({"port": 1, "hots": "x"}, msgspec.inspect.type_info(MetricsConfig))
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown setting(s) hots; known: host, port
+    """
+    if not isinstance(data, Mapping) or not isinstance(
+        info, msgspec.inspect.StructType | msgspec.inspect.DataclassType
+    ):
+        return
+    known = {f.encode_name: f for f in info.fields}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        where = f"[{table}] " if table else ""
+        raise ValueError(
+            f"{where}unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    for key, value in data.items():
+        sub = known[key].type
+        if isinstance(sub, msgspec.inspect.UnionType):  # e.g. ``X | None``
+            sub = next((t for t in sub.types if not isinstance(t, msgspec.inspect.NoneType)), sub)
+        check_unknown(value, sub, f"{table}.{key}" if table else key)
 
 
 KAFKA_SECTION = Section(KafkaConfig)
@@ -148,10 +171,32 @@ def load_section(
     try:
         return section.build(data, env)
     except (msgspec.ValidationError, ValueError) as err:
-        msg = str(err)
-        if msg.startswith(f"[{name}"):
-            raise SettingsError(f"{source}: {msg}") from None
-        raise SettingsError(f"{source}: [{name}] {msg}") from None
+        raise SettingsError(f"{source}: {describe_error(name, err)}") from None
+
+
+_NESTED_AT = re.compile(r" - at `\$\.(\w+)\.([^`]+)`$")
+_UNKNOWN_IN = re.compile(r"unknown field `\w+`( - at `\$\.(\w+)`)$")
+
+
+def describe_error(name: str, err: Exception) -> str:
+    """The message of a bad setting, naming the table it is in.
+
+    >>> describe_error("worker", ValueError("Expected `int` - at `$.detect.window_us`"))
+    '[worker.detect] Expected `int` - at `$.window_us`'
+    """
+    msg = str(err)
+    if msg.startswith(f"[{name}"):
+        return msg
+    if msg.startswith("["):  # a sub-table named by check_unknown
+        return f"[{name}.{msg[1:]}"
+    nested = _NESTED_AT.search(msg)
+    if nested:  # a sub-table such as [worker.detect]: name it as the user wrote it
+        table, rest = nested.groups()
+        return f"[{name}.{table}] {msg[: nested.start()]} - at `$.{rest}`"
+    unknown = _UNKNOWN_IN.search(msg)
+    if unknown:  # msgspec points at the table that holds the unknown key
+        return f"[{name}.{unknown.group(2)}] {msg[: unknown.start(1)]}"
+    return f"[{name}] {msg}"
 
 
 def _plain(value: Any) -> Any:

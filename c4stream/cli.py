@@ -27,6 +27,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    # Help texts name TOML tables such as [kafka]: rich markup would swallow them.
+    rich_markup_mode=None,
 )
 
 for stage in (producers.cli, streams.cli, sinks.cli, compose.cli):

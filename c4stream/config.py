@@ -80,7 +80,5 @@ def check_config(
             section.build(base.section_data(doc, name, section.cls), env)
             out.append(SectionReport(name, True, "ok"))
         except (msgspec.ValidationError, ValueError) as err:
-            msg = str(err)
-            where = "" if msg.startswith(f"[{name}") else f"[{name}] "
-            out.append(SectionReport(name, False, f"{source}: {where}{msg}"))
+            out.append(SectionReport(name, False, f"{source}: {base.describe_error(name, err)}"))
     return out

@@ -88,7 +88,7 @@ def alert(
     if config is None:
         typer.echo(
             "error: --config alert.toml (or c4stream.toml with [alert]) is required "
-            "(see sinks/ALERTS.md)",
+            "(see docs/alerts.md)",
             err=True,
         )
         raise typer.Exit(2)

@@ -60,9 +60,6 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     # --- straggler ---------------------------------------------------------------
     seq_ring: int = 64
     """Collectives kept per communicator to align ranks by sequence number."""
-    seq_close_us: int = 3_000_000
-    """Unused since collectives are judged once per window (kept so configs that set it
-    still load)."""
     min_present_frac: float = 0.8
     """A collective is used only when this fraction of its ranks reported it."""
     straggler_min_seqs: int = 5

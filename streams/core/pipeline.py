@@ -19,7 +19,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from producers.events import Event
@@ -27,6 +27,7 @@ from streams.commands import IsolationCommand
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.core.correlate import HostCorrelator, LateEvidence
+from streams.core.snapshot import judge_snapshot
 from streams.verdicts import Verdict
 
 __all__ = ["DetectionPipeline"]
@@ -72,6 +73,7 @@ class DetectionPipeline:
         self._judged: dict[str, int] = {}
         """comm -> event time its detector was judged up to (observed or advanced)."""
         self._lateness = self.policy_config.allowed_lateness_us
+        self.snapshot_comms: set[str] = set()
         self._tick_us = tick_us
         self._max_buffer = max_buffer
 
@@ -139,13 +141,43 @@ class DetectionPipeline:
             lane.buffered += 1
         return out
 
+    def judge_snapshot(self, events: Sequence[Event]) -> list[IsolationCommand]:
+        """Judge one snapshot (every rank's dump taken at one moment) as a whole
+        (:func:`~streams.core.snapshot.judge_snapshot`); its verdicts go to the same
+        correlator as the stream's. Call :meth:`finish` after the last input."""
+        verdicts = judge_snapshot(events, self.detect_config)
+        self.n_events += len(events)
+        self.snapshot_comms.update(e.comm for e in events)
+        for e in events:  # the snapshot's time is its job's time
+            lane = self._lane(e.job)
+            if e.ts_us > lane.now:
+                lane.now = e.ts_us
+        verdicts.sort(key=lambda v: (v.ts_us, not v.benign))
+        out: list[IsolationCommand] = []
+        for v in verdicts:
+            try:
+                out += self.correlator.observe(v)
+            except LateEvidence as err:
+                self.late.append((v, str(err)))
+        self.verdicts += verdicts
+        self.commands += out
+        return out
+
     def finish(self) -> list[IsolationCommand]:
-        """End of input: judge what is buffered; returns the last commands."""
+        """End of input: judge what is buffered, then decide what waits for more
+        evidence (a hang's settle time, a host's other GPUs): none will come. Returns
+        the last commands."""
         out: list[IsolationCommand] = []
         for job, lane in self.lanes.items():
             if lane.buffered:
                 out += self._flush(job, lane)
-        return out
+        pc = self.policy_config
+        wait = max(pc.hang_settle_us, pc.host_wait_us)
+        late: list[IsolationCommand] = []
+        for job, lane in self.lanes.items():  # each job on its own clock
+            late += self.correlator.advance(lane.now + wait, job)
+        self.commands += late
+        return out + late
 
     def _flush(self, job: str, lane: _Lane) -> list[IsolationCommand]:
         verdicts: list[Verdict] = []
