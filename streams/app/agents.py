@@ -129,6 +129,7 @@ def register_agents(
         checkpoint_every_s=config.checkpoint_every_s,
         advance_every_us=int(config.advance_every_s * 1e6),
         allowed_lateness_us=config.policy.allowed_lateness_us,
+        forget_lane_s=config.forget_lane_s,
     )
     correlator = CorrelatorRunner(
         engine,
@@ -141,6 +142,7 @@ def register_agents(
         max_hold_s=config.max_hold_s,
         slice_us=int(config.verdict_slice_s * 1e6),
         allowed_lateness_us=config.policy.allowed_lateness_us,
+        forget_lane_s=config.forget_lane_s,
     )
     dl = DeadLetterPublisher(deadletter_t)
     parts = WorkerParts(router, correlator, comm_store, cor_store, dl, set(), time.time())

@@ -141,12 +141,14 @@ class CommRouter:
         checkpoint_every_s: float,
         advance_every_us: int,
         allowed_lateness_us: int = 10_000_000,
+        forget_lane_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.lookup = lookup
         self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
         self.advance_every_us = advance_every_us
+        self.forget_lane_s = forget_lane_s
         self.allowed_lateness_us = allowed_lateness_us
         self.wall = clock
         self.comms: dict[str, _Comm] = {}
@@ -161,6 +163,9 @@ class CommRouter:
         comm -> (its events, (record, its events) per message)."""
         self._active: set[Lane] = set()
         """Lanes that got messages since the last tick()."""
+        self._last_active: dict[Lane, float] = {}
+        """Lane -> wall time of its last message (a lane quiet for ``forget_lane_s`` is
+        forgotten: a finished job's watermarks stop)."""
         self.late_events: dict[str, int] = {}
         """Per job: events dead-lettered as late beyond the allowed lateness."""
         self.jobs: set[str] = set()
@@ -337,8 +342,20 @@ class CommRouter:
         the previous tick (traffic stopped: judge it and advance, so a hang is still
         found), take time-due checkpoints."""
         quiet = set(self.clock_us) - self._active
+        wall = self.wall()
+        for lane in self._active:
+            self._last_active[lane] = wall
         self._active.clear()
         out = self._close(quiet)
+        for lane in [
+            x for x in quiet if wall - self._last_active.get(x, wall) > self.forget_lane_s
+        ]:
+            # Its communicators stay (with what they were judged up to); a new message
+            # of the job starts the lane again.
+            self.clock_us.pop(lane, None)
+            self._advanced_us.pop(lane, None)
+            self._slice_end.pop(lane, None)
+            self._last_active.pop(lane, None)
         out.checkpoints.extend(self._checkpoint(self.schedule.take_due(self.wall())))
         self._count(out)
         return out
@@ -399,6 +416,7 @@ class CommRouter:
                 self.by_lane.pop(lane, None)
                 self.pending.pop(lane, None)
                 self._active.discard(lane)
+                self._last_active.pop(lane, None)
         self._count(out)
         return out
 
@@ -518,12 +536,14 @@ class CorrelatorRunner:
         slice_us: int = 500_000,
         max_pending: int = 100_000,
         allowed_lateness_us: int = 10_000_000,
+        forget_lane_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.lookup = lookup
         self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
         self.watermark_topic = watermark_topic
+        self.forget_lane_s = forget_lane_s
         self.events_partitions = events_partitions
         self.idle_s = idle_s
         self.max_hold_s = max_hold_s
@@ -821,10 +841,17 @@ class CorrelatorRunner:
         out.late_verdicts.append((job, outcome))
 
     def tick(self) -> Output:
-        """Release what the watermarks allow; advance correlators; time-due checkpoints."""
+        """Release what the watermarks allow; advance correlators; time-due checkpoints;
+        forget the marks of lanes not reported for ``forget_lane_s`` (finished jobs)."""
         out = Output()
         now = self.wall()
         self._release(out, now)
+        for q, lanes in self.lanes.items():
+            for lane in [k for k, m in lanes.items() if now - m.heard > self.forget_lane_s]:
+                del lanes[lane]
+            for job in [j for j, h in self.pending.get(q, {}).items() if not h]:
+                if not any(job == lj for _, lj in lanes):
+                    del self.pending[q][job]
         out.checkpoints.extend(self._checkpoint(self.schedule.take_due(now)))
         self._count(out)
         return out

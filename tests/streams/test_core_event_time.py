@@ -295,3 +295,50 @@ def test_an_allowed_lateness_beyond_what_the_notes_cover_is_refused_when_the_fil
         load_worker_config(f)
     f.write_text("[worker.policy]\nallowed_lateness_us = 5000000\n")
     assert load_worker_config(f).policy.allowed_lateness_us == 5_000_000
+
+
+def test_a_finished_jobs_lane_is_forgotten_and_comes_back_with_new_events() -> None:
+    wall = [0.0]
+    eng = _RecorderEngine()
+    r = CommRouter(
+        eng,
+        lambda k: None,
+        checkpoint_every_events=10**9,
+        checkpoint_every_s=1e9,
+        advance_every_us=1_000_000,
+        forget_lane_s=60.0,
+        clock=lambda: wall[0],
+    )
+    r.process([Record("ev", 0, 0, b"k", encode_message([ev("a", "0xa", T0)]))])
+    r.process([Record("ev", 0, 1, b"k", encode_message([ev("b", "0xb", T0)]))])
+    r.tick()
+    wall[0] += 30.0
+    r.process([Record("ev", 0, 2, b"k", encode_message([ev("b", "0xb", T0 + 2_000_000)]))])
+    r.tick()
+    wall[0] += 40.0  # a quiet for 70 s, b for 40 s
+    r.tick()
+    assert set(r.clock_us) == {(0, "b")}
+    r.process([Record("ev", 0, 3, b"k", encode_message([ev("a", "0xa", T0 + 9_000_000)]))])
+    assert r.clock_us[(0, "a")] == T0 + 9_000_000  # the job is back: its lane starts again
+    r.close_slices()
+    assert ("advance", "0xa", T0 + 9_000_000) in eng.log  # and its communicator with it
+
+
+def test_the_correlator_forgets_the_marks_of_a_finished_job() -> None:
+    wall = [0.0]
+    c = CorrelatorRunner(
+        CoreEngine(),
+        lambda k: None,
+        checkpoint_every_events=10**9,
+        checkpoint_every_s=1e9,
+        watermark_topic="wm",
+        events_partitions=1,
+        forget_lane_s=60.0,
+        clock=lambda: wall[0],
+    )
+    c.process([wm(0, T0, "a", caught_up=True), wm(0, T0, "b", caught_up=True)])
+    wall[0] += 61.0
+    c.process([wm(0, T0 + W, "b", caught_up=True)])
+    c.tick()
+    assert set(c.lanes[0]) == {(0, "b")}
+    assert c.watermark(wall[0], 0, "b") == T0 + W
