@@ -6,6 +6,7 @@ sinks: actuate, archive, alert · compose: broker · demo, config
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -16,6 +17,7 @@ import sinks.cli
 import streams.cli
 from c4base.settings_loader import SettingsError
 from c4stream.config import check_config
+from c4stream.config_warnings import config_warnings
 from c4stream.demo.run import DemoConfig, run_demo
 
 app = typer.Typer(
@@ -60,6 +62,8 @@ def config_check(
     for r in reports:
         mark = "[green]  ok [/]" if r.ok else "[red]error[/]"
         console.print(f"{mark} {escape(f'[{r.section}]')} {'' if r.ok else escape(r.message)}")
+    for w in config_warnings(path, env=os.environ):
+        console.print(f"[yellow] warn[/] {escape(f'[{w.section}]')} {escape(w.message)}")
     if not all(r.ok for r in reports):
         raise typer.Exit(1)
     console.print(f"{path}: {len(reports)} tables, all valid")
