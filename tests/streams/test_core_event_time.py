@@ -14,10 +14,12 @@ import pytest
 
 from producers.events import Event, OpEvent, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
+from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import Record
+from streams.app.detect_runner import CommRouter
 from streams.app.engine import CoreEngine
-from streams.app.router import CommRouter, CorrelatorRunner, Watermark, encode_watermark
 from streams.app.settings import WorkerConfigError, load_worker_config
+from streams.app.watermark import Watermark, encode_watermark
 from streams.core import DetectionPipeline, HostCorrelator, PolicyConfig
 from streams.core.correlate import LateEvidence
 from streams.verdicts import Verdict, encode_verdict
