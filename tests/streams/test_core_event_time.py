@@ -5,7 +5,6 @@ data is judged, or reported "late by N s", never dropped in silence."""
 from __future__ import annotations
 
 import itertools
-import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from streams.app.detect_runner import CommRouter
 from streams.app.engine import CoreEngine
 from streams.app.settings import WorkerConfigError, load_worker_config
 from streams.app.watermark import Watermark, encode_watermark
-from streams.core import DetectionPipeline, HostCorrelator, PolicyConfig
+from streams.core import DetectionPipeline, HostCorrelator, PolicyConfig, checkpoint, correlate
 from streams.core.correlate import LateEvidence
 from streams.verdicts import Verdict, encode_verdict
 
@@ -99,9 +98,10 @@ def test_per_job_clocks_survive_a_checkpoint_and_an_old_checkpoint_is_read() -> 
     back = HostCorrelator.from_bytes(c.to_bytes(), PolicyConfig())
     assert back.clock == c.clock and back.now == T0 + 2 * W
     # a checkpoint written before per-job clocks had one "now" for everything
-    state = {k: v for k, v in c.__dict__.items() if k not in ("config", "clock")}
-    state["now"] = T0 + 2 * W
-    old = HostCorrelator.from_bytes(pickle.dumps(state), PolicyConfig())
+    state = msgspec.structs.replace(correlate._state_of(c), clock={})
+    old = HostCorrelator.from_bytes(
+        checkpoint.encode("correlator", correlate._SCHEMA, state), PolicyConfig()
+    )
     assert old.clock == {"a": T0 + 2 * W, "b": T0 + 2 * W}
 
 
