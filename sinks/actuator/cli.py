@@ -21,8 +21,9 @@ from sinks.actuator.config import DEFAULT_LEDGER, ActuatorConfig
 
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
+    from sinks.actuator.restart import Restarter
 
-__all__ = ["actuate", "make_backend"]
+__all__ = ["actuate", "make_backend", "make_restarter"]
 
 _HELP = (
     "Act on isolation commands from c4.isolations: cordon and taint Kubernetes nodes, "
@@ -34,7 +35,11 @@ _HELP = (
     "Examples:\n\n"
     "c4stream actuate --backend kubernetes --kubeconfig ~/.kube/config --execute\n\n"
     "c4stream actuate --backend command --execute --deny 'login-*' "
-    "--command-template 'scontrol update nodename={host} state=drain reason=\"{reason}\"'"
+    "--command-template 'scontrol update nodename={host} state=drain reason=\"{reason}\"'\n\n"
+    "RESTART AFTER ISOLATION is off by default and per job: --restart-jobs 'llm-*' restarts "
+    "(dry run until --restart-execute) the job of a host once it was isolated, e.g. "
+    "--requeue-template 'scontrol requeue {jobid}' --jobid-lookup 'squeue -h -w {host} -n "
+    "{job} -o %i'; on Kubernetes it deletes the job's pods on the node (--restart-pod-selector)."
 )
 
 
@@ -114,6 +119,58 @@ def actuate(
         ),
     ] = Effect.NoExecute,
     event_namespace: Annotated[str, typer.Option("--event-namespace")] = "default",
+    restart_jobs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--restart-jobs",
+            help="Restart these jobs (telemetry job names, shell patterns; repeat or "
+            "comma-separate) once one of their hosts was isolated. Default: none.",
+        ),
+    ] = None,
+    restart_execute: Annotated[
+        bool,
+        typer.Option("--restart-execute", help="Really restart (else: log what would be done)."),
+    ] = False,
+    restart_max_per_hour: Annotated[
+        int, typer.Option("--restart-max-per-hour", help="Restarts per job per rolling hour.")
+    ] = 2,
+    restart_in_progress: Annotated[
+        float,
+        typer.Option("--restart-in-progress", help="Seconds a restart counts as in progress."),
+    ] = 900.0,
+    requeue_template: Annotated[
+        str | None,
+        typer.Option(
+            "--requeue-template",
+            help="Command backend: argv template restarting the job, e.g. "
+            "'scontrol requeue {jobid}' ({jobid} and the command placeholders).",
+        ),
+    ] = None,
+    jobid_regex: Annotated[
+        str | None,
+        typer.Option(
+            "--jobid-regex",
+            help="Scheduler job id from the telemetry job name: a regex with a group "
+            "jobid, e.g. 'slurm-(?P<jobid>[0-9]+)'.",
+        ),
+    ] = None,
+    jobid_lookup: Annotated[
+        str | None,
+        typer.Option(
+            "--jobid-lookup",
+            help="Or ask the scheduler: argv template printing the job id, e.g. "
+            "'squeue -h -w {host} -n {job} -o %i'.",
+        ),
+    ] = None,
+    restart_pod_selector: Annotated[
+        str,
+        typer.Option(
+            "--restart-pod-selector", help="Kubernetes: label selector of the job's pods."
+        ),
+    ] = "job-name={job}",
+    restart_namespace: Annotated[
+        str, typer.Option("--restart-namespace", help="Kubernetes: namespace of the job's pods.")
+    ] = "default",
     attempts: Annotated[int, typer.Option("--attempts", help="Tries of a failing action.")] = 3,
     retry_backoff: Annotated[
         float, typer.Option("--retry-backoff", help="First retry pause, s.")
@@ -143,12 +200,14 @@ def actuate(
     from sinks.actuator.backends import ActuatorError
     from sinks.actuator.consumer import run
     from sinks.actuator.ledger import Ledger
+    from sinks.actuator.restart import RestartHook, RestartLog
 
     # Flags given on the command line win over the file; the file over the defaults.
     flags = flag_overrides(
         ctx,
         _FLAG_KEYS,
         deny=[h.strip() for d in deny or () for h in d.split(",") if h.strip()],
+        restart_jobs=[j.strip() for r in restart_jobs or () for j in r.split(",") if j.strip()],
     )
     try:
         svc = start_service(
@@ -167,8 +226,22 @@ def actuate(
     signal.signal(signal.SIGINT, on_signal)
     try:
         be = make_backend(cfg)
-        with Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led:
-            stats = run(cfg, be, led, stop=stop, metrics=svc.metrics)
+        restarter = make_restarter(cfg)
+        with (
+            Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led,
+            RestartLog(cfg.ledger_path) as restarts,
+        ):
+            hook = None
+            if restarter is not None:
+                hook = RestartHook(
+                    cfg.restart,
+                    restarter,
+                    restarts,
+                    attempts=cfg.attempts,
+                    retry_backoff_s=cfg.retry_backoff_s,
+                    stop=stop,
+                )
+            stats = run(cfg, be, led, stop=stop, metrics=svc.metrics, restart=hook)
     except ActuatorError as err:
         typer.echo(f"c4stream actuate: {err}", err=True)
         raise typer.Exit(2) from None
@@ -199,6 +272,15 @@ _FLAG_KEYS = {
     "command_template": "command.template",
     "restart_command_template": "command.restart_template",
     "command_timeout": "command.timeout_s",
+    "restart_jobs": "restart.jobs",
+    "restart_execute": "restart.execute",
+    "restart_max_per_hour": "restart.max_per_hour",
+    "restart_in_progress": "restart.in_progress_s",
+    "requeue_template": "restart.requeue_template",
+    "jobid_regex": "restart.jobid_regex",
+    "jobid_lookup": "restart.jobid_lookup",
+    "restart_pod_selector": "restart.pod_selector",
+    "restart_namespace": "restart.namespace",
 }
 
 
@@ -212,6 +294,22 @@ def make_backend(cfg: ActuatorConfig) -> Backend:
 
     client = load_api_client(cfg.kubernetes) if cfg.execute else None
     return KubernetesBackend(cfg.kubernetes, client)
+
+
+def make_restarter(cfg: ActuatorConfig) -> Restarter | None:
+    """The restarter of the configured backend; None when no job is to be restarted."""
+    if not cfg.restart.jobs:
+        return None
+    live = cfg.execute and cfg.restart.execute
+    if cfg.backend == "command":
+        from sinks.actuator.restart_command import CommandRestarter
+
+        return CommandRestarter(cfg.command, cfg.restart, check_programs=live)
+    from sinks.actuator.kubernetes_backend import load_api_client
+    from sinks.actuator.restart_kubernetes import KubernetesRestarter
+
+    client = load_api_client(cfg.kubernetes) if cfg.execute else None
+    return KubernetesRestarter(cfg.restart, cfg.kubernetes, client)
 
 
 actuate.__doc__ = _HELP

@@ -39,6 +39,7 @@ from sinks.actuator.backends import (
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.ledger import Ledger, Status
 from sinks.actuator.policy import Decision, decide
+from sinks.actuator.restart import RestartHook
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
 __all__ = ["Actuator", "DeadLetterError", "Handled", "Interrupted", "RunStats", "run"]
@@ -110,11 +111,14 @@ class Actuator:
         ledger: Ledger,
         *,
         stop: threading.Event | None = None,
+        restart: RestartHook | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.ledger = ledger
         self.stop = stop or threading.Event()
+        self.restart = restart
+        """Restarts the job after an isolation (sinks.actuator.restart); None: never."""
 
     def handle(self, cmd: IsolationCommand) -> Handled:
         """Carry out ``cmd`` if the rules allow; the ledger row is written on return.
@@ -139,6 +143,10 @@ class Actuator:
             h = Handled(decision, "dry_run", f"{why}; would {plan}")
         else:
             h = self._act(cmd, tag)
+        if self.restart is not None and h.status in ("done", "dry_run"):
+            # Before the isolation's ledger row: a crash in between repeats the (safe)
+            # isolation, and the restart log keeps the restart from happening twice.
+            self.restart.after(cmd, h.decision)
         self.ledger.record(
             cmd.id, status=h.status, host=cmd.host, action=cmd.action, detail=h.detail
         )
@@ -184,6 +192,7 @@ def run(
     *,
     stop: threading.Event | None = None,
     metrics: Metrics | None = None,
+    restart: RestartHook | None = None,
 ) -> RunStats:
     """Consume ``c4.isolations`` until ``stop``, idle timeout or ``max_messages``.
 
@@ -196,7 +205,7 @@ def run(
     from confluent_kafka import Consumer, KafkaException, Message, Producer
 
     stop = stop or threading.Event()
-    actuator = Actuator(cfg, backend, ledger, stop=stop)
+    actuator = Actuator(cfg, backend, ledger, stop=stop, restart=restart)
     topic, dl_topic = cfg.isolations_topic(), cfg.deadletter_topic()
     stats = RunStats()
     assigned_at: list[float] = []

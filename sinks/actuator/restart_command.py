@@ -1,0 +1,205 @@
+"""Restart through a scheduler command, e.g. Slurm's ``scontrol requeue <jobid>``.
+
+The telemetry names a job by the name the exporter was given (``job``); the scheduler
+wants its own id. Two documented rules map one to the other:
+
+- ``jobid_regex`` — a regex with a group ``jobid``, searched in the telemetry's job
+  name: with ``slurm-(?P<jobid>[0-9]+)`` the job ``slurm-4242`` is Slurm job 4242 (set
+  the exporter's job name from ``$SLURM_JOB_ID`` to use it);
+- ``jobid_lookup`` — an argv template asking the scheduler which job runs on the
+  isolated host, e.g. ``squeue -h -w {host} -n {job} -o %i``: one job id per line on
+  stdout. No id: nothing to restart (skipped). Several ids: refused (skipped), because
+  requeuing the wrong job is worse than requeuing none — narrow the lookup (``-n``).
+
+Then ``requeue_template`` runs, e.g. ``scontrol requeue {jobid}``, with the command
+backend's rules: split with shlex first, filled in afterwards, no shell, own process
+group killed whole at the timeout. Exit status 0 is success, anything else a
+:class:`~sinks.actuator.backends.TransientActionError` (retried, then ``failed``).
+
+A job id must look like one (letters, digits, ``_ . : -``), so a lookup printing
+something else is refused instead of passed on.
+
+>>> from sinks.actuator.config import CommandSettings, RestartSettings
+>>> from streams.commands import IsolationCommand
+>>> r = CommandRestarter(CommandSettings(), RestartSettings(
+...     requeue_template="scontrol requeue {jobid}", jobid_regex="slurm-(?P<jobid>[0-9]+)"),
+...     check_programs=False)
+>>> cmd = IsolationCommand(id="c4-1", ts_us=1, job="slurm-4242", host="node-3",
+...     fault="straggler", action="cordon", confidence=0.9, reason="late", evidence={})
+>>> r.plan(cmd, live=False).argv
+('scontrol', 'requeue', '4242')
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+
+from sinks.actuator.backends import (
+    ActionOutcome,
+    ActuatorConfigError,
+    PermanentActionError,
+    TransientActionError,
+)
+from sinks.actuator.command_backend import CommandTemplate, _kill_group, _tail
+from sinks.actuator.config import CommandSettings, RestartSettings
+from sinks.actuator.restart import RestartPlan
+from streams.commands import IsolationCommand
+
+__all__ = ["CommandRestarter", "parse_job_ids"]
+
+_JOBID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+
+
+def parse_job_ids(stdout: str) -> list[str]:
+    """Job ids, one per non-empty line, each checked to look like an id.
+
+    >>> parse_job_ids("4242\\n\\n4243_1\\n")
+    ['4242', '4243_1']
+    >>> parse_job_ids("4242; rm -rf /")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    sinks.actuator.backends.PermanentActionError: the job id lookup printed '4242; rm -rf /', ...
+    """
+    ids = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not _JOBID.fullmatch(line):
+            raise PermanentActionError(f"the job id lookup printed {line!r}, not a job id")
+        ids.append(line)
+    return ids
+
+
+def _run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
+    """Run ``argv`` without a shell in its own process group; (status, stdout, stderr)."""
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except (FileNotFoundError, PermissionError) as err:
+        raise ActuatorConfigError(f"cannot run {argv[0]!r}: {err}") from err
+    except ValueError as err:  # a NUL byte inside a value
+        raise PermanentActionError(f"cannot run {shlex.join(argv)}: {err}") from err
+    try:
+        out, err_out = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise TransientActionError(
+            f"{shlex.join(argv)} timed out after {timeout_s:g}s and was killed"
+        ) from None
+    return proc.returncode, out.decode("utf-8", "replace"), _tail(err_out)
+
+
+class CommandRestarter:
+    """Maps the job to a scheduler id and runs ``requeue_template`` (module docstring)."""
+
+    name = "command"
+
+    def __init__(
+        self, command: CommandSettings, settings: RestartSettings, *, check_programs: bool
+    ) -> None:
+        if not settings.requeue_template:
+            raise ActuatorConfigError(
+                "restarting after an isolation needs [actuator.restart] requeue_template "
+                "(--requeue-template), e.g. 'scontrol requeue {jobid}'"
+            )
+        self.timeout_s = command.timeout_s
+        self.requeue = CommandTemplate(settings.requeue_template, extra=frozenset({"jobid"}))
+        self.regex: re.Pattern[str] | None = None
+        if settings.jobid_regex:
+            try:
+                self.regex = re.compile(settings.jobid_regex)
+            except re.error as err:
+                raise ActuatorConfigError(f"jobid_regex {settings.jobid_regex!r}: {err}") from None
+            if "jobid" not in self.regex.groupindex:
+                raise ActuatorConfigError(
+                    f"jobid_regex {settings.jobid_regex!r} needs a group named jobid, "
+                    "e.g. 'slurm-(?P<jobid>[0-9]+)'"
+                )
+        self.lookup = CommandTemplate(settings.jobid_lookup) if settings.jobid_lookup else None
+        if "jobid" in self.requeue.fields and self.regex is None and self.lookup is None:
+            raise ActuatorConfigError(
+                "requeue_template uses {jobid}: set jobid_regex (--jobid-regex) or "
+                "jobid_lookup (--jobid-lookup, e.g. 'squeue -h -w {host} -n {job} -o %i')"
+            )
+        if check_programs:
+            for t in (self.requeue, self.lookup):
+                if t is not None and shutil.which(t.argv[0]) is None:
+                    raise ActuatorConfigError(
+                        f"program {t.argv[0]!r} of a restart template is not on PATH"
+                    )
+
+    def _job_id(self, cmd: IsolationCommand, *, live: bool) -> tuple[str | None, str]:
+        """(job id or None when not looked up, how it was found)."""
+        if self.regex is not None:
+            m = self.regex.search(cmd.job)
+            if m is None or not m.group("jobid"):
+                raise PermanentActionError(
+                    f"job name {cmd.job!r} does not match jobid_regex {self.regex.pattern!r}"
+                )
+            jobid = m.group("jobid")
+            if not _JOBID.fullmatch(jobid):
+                raise PermanentActionError(f"jobid_regex gave {jobid!r}, not a job id")
+            return jobid, f"job id {jobid} from the job name {cmd.job!r}"
+        if self.lookup is None:
+            return None, "no job id needed"
+        argv = self.lookup.render(cmd)
+        shown = shlex.join(argv)
+        # A dry run looks up only when it can (a read, but the program may be absent).
+        if not live and shutil.which(argv[0]) is None:
+            return None, f"job id from `{shown}`"
+        status, out, err = _run(argv, self.timeout_s)
+        if status != 0:
+            raise TransientActionError(f"{shown} exited {status}: {err or '(no stderr)'}")
+        ids = parse_job_ids(out)
+        if not ids:
+            raise PermanentActionError(f"no job named {cmd.job!r} runs on {cmd.host} ({shown})")
+        if len(set(ids)) > 1:
+            raise PermanentActionError(
+                f"{len(set(ids))} jobs on {cmd.host} ({', '.join(sorted(set(ids)))}) for "
+                f"{cmd.job!r}; cannot tell which one to restart (narrow {shown})"
+            )
+        return ids[0], f"job id {ids[0]} from `{shown}`"
+
+    def plan(self, cmd: IsolationCommand, *, live: bool) -> RestartPlan:
+        jobid, how = self._job_id(cmd, live=live)
+        if jobid is None and "jobid" in self.requeue.fields:
+            shown = " ".join(self.requeue.argv)
+            return RestartPlan(
+                job=cmd.job,
+                host=cmd.host,
+                target="?",
+                description=f"command: {how}, then run {shown} (no shell)",
+            )
+        argv = self.requeue.render(cmd, jobid=jobid)
+        return RestartPlan(
+            job=cmd.job,
+            host=cmd.host,
+            target=jobid or cmd.job,
+            description=f"command: run {shlex.join(argv)} ({how}; no shell, "
+            f"timeout {self.timeout_s:g}s)",
+            argv=tuple(argv),
+        )
+
+    def in_progress(self, plan: RestartPlan) -> str | None:
+        # The lookup already asks the scheduler what runs on the node; a requeued job
+        # is no longer there. Time-based in_progress_s covers the rest.
+        return None
+
+    def restart(self, plan: RestartPlan) -> ActionOutcome:
+        if not plan.argv:
+            raise PermanentActionError(f"no restart command resolved for job {plan.job}")
+        argv = list(plan.argv)
+        status, out, err = _run(argv, self.timeout_s)
+        shown = shlex.join(argv)
+        if status != 0:
+            raise TransientActionError(f"{shown} exited {status}: {err or '(no stderr)'}")
+        return ActionOutcome(changed=True, detail=f"ran {shown}: exit 0")
