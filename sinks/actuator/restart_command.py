@@ -153,12 +153,17 @@ class CommandRestarter:
             return None, "no job id needed"
         argv = self.lookup.render(cmd)
         shown = shlex.join(argv)
-        # A dry run looks up only when it can (a read, but the program may be absent).
+        # A dry run looks the job up when it can (a read), and otherwise says how it would.
         if not live and shutil.which(argv[0]) is None:
             return None, f"job id from `{shown}`"
-        status, out, err = _run(argv, self.timeout_s)
-        if status != 0:
-            raise TransientActionError(f"{shown} exited {status}: {err or '(no stderr)'}")
+        try:
+            status, out, err = _run(argv, self.timeout_s)
+            if status != 0:
+                raise TransientActionError(f"{shown} exited {status}: {err or '(no stderr)'}")
+        except (TransientActionError, ActuatorConfigError) as failed:
+            if live:
+                raise
+            return None, f"job id from `{shown}` (not available now: {failed})"
         ids = parse_job_ids(out)
         if not ids:
             raise PermanentActionError(f"no job named {cmd.job!r} runs on {cmd.host} ({shown})")

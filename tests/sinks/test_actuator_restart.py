@@ -302,3 +302,21 @@ def test_configuration_errors(slurm: Slurmish) -> None:
             CommandRestarter(cs, settings(slurm), check_programs=False),
             RestartLog(slurm.ledger),
         )
+
+
+def test_a_dry_run_whose_lookup_fails_still_says_what_it_would_run(slurm: Slurmish) -> None:
+    slurm.squeue.write_text(
+        "import sys\nprint('slurm_load_jobs error', file=sys.stderr)\nsys.exit(1)\n"
+    )
+    with Ledger(slurm.ledger) as led, RestartLog(slurm.ledger) as rl:
+        actuator(slurm, led, rl, execute=False).handle(command())
+        [row] = rl.entries()
+        assert row.status == "dry_run"
+        assert "not available now" in row.detail and "slurm_load_jobs error" in row.detail
+        assert "requeue {jobid}" in row.detail
+        # executing, the same failure is a failed restart (retried), never a guess
+        act = actuator(slurm, led, rl)
+        act.restart.retry_backoff_s = 0.01  # type: ignore[union-attr]
+        act.handle(command(id="c4-2"))
+        assert rl.get("c4-2").status == "failed"  # type: ignore[union-attr]
+    assert slurm.requeues() == []
