@@ -235,7 +235,8 @@ def _start_services(
               "--ledger", ledger, "--restart-jobs", job,
               "--requeue-template", "scontrol requeue {jobid}",
               "--jobid-lookup", "squeue -h -w {host} -n {job} -o %i",
-              "--restart-in-progress", f"{5 / speed:.3f}", "--restart-max-per-hour", "10")  # fmt: skip
+              "--restart-in-progress", f"{5 / speed:.3f}",
+              "--restart-max-per-hour", "10")  # fmt: skip
     svc.start("alerter", "alert", *kafka, "--config", str(alert_toml))
 
 
