@@ -163,7 +163,9 @@ class CommandRestarter:
         except (TransientActionError, ActuatorConfigError) as failed:
             if live:
                 raise
-            return None, f"job id from `{shown}` (not available now: {failed})"
+            lines = str(failed).splitlines()  # first line says what ran, last one why
+            why = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+            return None, f"job id from `{shown}` (not available now: {why})"
         ids = parse_job_ids(out)
         if not ids:
             raise PermanentActionError(f"no job named {cmd.job!r} runs on {cmd.host} ({shown})")

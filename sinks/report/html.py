@@ -39,7 +39,7 @@ class LoopStep:
 
 
 _STAGE_MARK = {"isolate": "s", "restart": "^"}
-_STAGE_Y = {"isolate": 0.12, "restart": 0.28}  # below the host's line (y grows downwards)
+_STAGE_Y = {"isolate": 0.12, "restart": 0.28}  # just above the host's line, in order
 
 _FAULT_COLORS = {
     "noncomm_hang": "#d62728",
