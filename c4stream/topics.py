@@ -39,6 +39,11 @@ class Topics:
     def deadletter(self) -> str:
         return f"{self.prefix}c4.deadletter"
 
+    @property
+    def actions(self) -> str:
+        """What the actuator did with each command (read by the alerter); optional."""
+        return f"{self.prefix}c4.actions"
+
     def partitions(self) -> dict[str, int]:
         """Every topic with the partition count to create it with."""
         return {
@@ -46,4 +51,5 @@ class Topics:
             self.verdicts: self.verdicts_partitions,
             self.isolations: self.isolations_partitions,
             self.deadletter: 1,
+            self.actions: 1,
         }

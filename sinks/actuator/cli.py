@@ -27,15 +27,18 @@ __all__ = ["actuate", "make_backend", "make_restarter"]
 
 _HELP = (
     "Act on isolation commands from c4.isolations: cordon and taint Kubernetes nodes, "
-    "or run a scheduler command (e.g. Slurm's scontrol).\n\n"
-    "DRY-RUN BY DEFAULT: without --execute it only logs exactly what it would do. It acts "
-    "only with --execute and when the command itself is not dry_run; never on a host in "
-    "the deny list; never for action alert_only; at most once per command id, also "
-    "across restarts (the --ledger file).\n\n"
+    "drain Slurm nodes, or run a scheduler command.\n\n"
+    "DRY-RUN BY DEFAULT, TWO SWITCHES: it acts only with --execute AND when the command "
+    "is not marked dry_run by the worker ([worker.policy] dry_run, true by default); "
+    "otherwise it logs exactly what it would do and names the switch that held it back. "
+    "Never on a host in the deny list; never for action alert_only; at most once per "
+    "command id, also across restarts (the --ledger file). Permission and configuration "
+    "errors stop it with exit status 2; check first with --check.\n\n"
     "Examples:\n\n"
-    "c4stream actuate --backend kubernetes --kubeconfig ~/.kube/config --execute\n\n"
-    "c4stream actuate --backend command --execute --deny 'login-*' "
-    "--command-template 'scontrol update nodename={host} state=drain reason=\"{reason}\"'\n\n"
+    "c4stream actuate --backend kubernetes --kubeconfig ~/.kube/config --check\n\n"
+    "c4stream actuate --backend slurm --strip-domain --execute --deny 'login-*'\n\n"
+    "c4stream actuate --backend command --execute "
+    "--command-template 'mysched drain {host} --why \"{reason}\"'\n\n"
     "RESTART AFTER ISOLATION is off by default and per job: --restart-jobs 'llm-*' restarts "
     "(dry run until --restart-execute) the job of a host once it was isolated, e.g. "
     "--requeue-template 'scontrol requeue {jobid}' --jobid-lookup 'squeue -h -w {host} -n "
@@ -46,6 +49,7 @@ _HELP = (
 class BackendName(enum.StrEnum):
     kubernetes = "kubernetes"
     command = "command"
+    slurm = "slurm"
 
 
 class Effect(enum.StrEnum):
@@ -100,6 +104,32 @@ def actuate(
     command_timeout: Annotated[
         float, typer.Option("--command-timeout", help="Seconds before a command is killed.")
     ] = 30.0,
+    slurm_conf: Annotated[
+        str | None,
+        typer.Option("--slurm-conf", help="Slurm backend: slurm.conf for scontrol (SLURM_CONF)."),
+    ] = None,
+    strip_domain: Annotated[
+        bool,
+        typer.Option(
+            "--strip-domain", help="Node name = host name up to the first dot (n5.example → n5)."
+        ),
+    ] = False,
+    node_regex: Annotated[
+        str | None,
+        typer.Option(
+            "--node-regex",
+            help="Regex searched in the host name; its group 'node' (or first group) is the "
+            "node name.",
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Verify the backend can act (Slurm: scontrol ping, show node, user; "
+            "Kubernetes: the RBAC it needs), print the result and exit (2 on failure).",
+        ),
+    ] = False,
     kubeconfig: Annotated[
         str | None, typer.Option("--kubeconfig", help="Default: $KUBECONFIG or ~/.kube/config.")
     ] = None,
@@ -222,6 +252,16 @@ def actuate(
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()  # finish the command at hand, commit, leave the group
 
+    if check:
+        try:
+            be = make_backend(cfg, check_programs=True)
+            for line in be.check():
+                typer.echo(line)
+        except ActuatorError as err:
+            typer.echo(f"c4stream actuate --check: FAILED: {err}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"c4stream actuate --check: backend {be.name} ok")
+        return
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
@@ -243,7 +283,9 @@ def actuate(
                 )
             stats = run(cfg, be, led, stop=stop, metrics=svc.metrics, restart=hook)
     except ActuatorError as err:
-        typer.echo(f"c4stream actuate: {err}", err=True)
+        # Fatal for the service (permissions, configuration): stop loudly; the message
+        # at hand was not committed and is delivered again after the fix.
+        typer.echo(f"c4stream actuate: stopped: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"c4stream actuate: {stats}", err=True)
 
@@ -272,6 +314,9 @@ _FLAG_KEYS = {
     "command_template": "command.template",
     "restart_command_template": "command.restart_template",
     "command_timeout": "command.timeout_s",
+    "slurm_conf": "slurm.slurm_conf",
+    "strip_domain": "strip_domain",
+    "node_regex": "node_regex",
     "restart_jobs": "restart.jobs",
     "restart_execute": "restart.execute",
     "restart_max_per_hour": "restart.max_per_hour",
@@ -284,15 +329,21 @@ _FLAG_KEYS = {
 }
 
 
-def make_backend(cfg: ActuatorConfig) -> Backend:
-    """The configured backend; with --execute it checks it can really act (fail fast)."""
+def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> Backend:
+    """The configured backend; with --execute (or ``check_programs``) it checks it can
+    really act (fail fast)."""
+    real = cfg.execute if check_programs is None else check_programs
     if cfg.backend == "command":
         from sinks.actuator.command_backend import CommandBackend
 
-        return CommandBackend(cfg.command, check_programs=cfg.execute)
+        return CommandBackend(cfg.command, check_programs=real)
+    if cfg.backend == "slurm":
+        from sinks.actuator.slurm_backend import SlurmBackend
+
+        return SlurmBackend(cfg.slurm, check_programs=real)
     from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
 
-    client = load_api_client(cfg.kubernetes) if cfg.execute else None
+    client = load_api_client(cfg.kubernetes) if real else None
     return KubernetesBackend(cfg.kubernetes, client)
 
 
@@ -305,6 +356,10 @@ def make_restarter(cfg: ActuatorConfig) -> Restarter | None:
         from sinks.actuator.restart_command import CommandRestarter
 
         return CommandRestarter(cfg.command, cfg.restart, check_programs=live)
+    if cfg.backend == "slurm":
+        from sinks.actuator.restart_command import slurm_restarter
+
+        return slurm_restarter(cfg.slurm, cfg.restart, check_programs=live)
     from sinks.actuator.kubernetes_backend import load_api_client
     from sinks.actuator.restart_kubernetes import KubernetesRestarter
 

@@ -3,8 +3,11 @@
 1. ``duplicate`` — the ledger says this command id already acted: never twice.
 2. ``alert_only`` — the pipeline asked for an alert, not an action: never acts.
 3. ``denied`` — the host matches a deny pattern: never acts, whatever else says.
-4. ``dry_run`` — the actuator runs without ``--execute``, or the command itself says
-   ``dry_run: true``: log exactly what would be done, do nothing.
+4. ``dry_run`` — the actuator runs without ``--execute`` (``[actuator] execute``), or
+   the command itself says ``dry_run: true`` (set by the worker while its
+   ``[worker.policy] dry_run`` is true, the default): log exactly what would be done,
+   do nothing. Both switches must allow an action; the log line names the one that
+   held it back, and ``c4stream config check`` warns when they disagree.
 5. ``act``.
 
 >>> from streams.commands import IsolationCommand
@@ -21,7 +24,6 @@
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from typing import Literal
 
 from sinks.actuator.config import ActuatorConfig
@@ -40,11 +42,14 @@ def decide(
         return "duplicate", f"command {cmd.id} already acted (ledger)"
     if cmd.action == "alert_only":
         return "alert_only", "action alert_only never acts"
-    if cfg.is_denied(cmd.host):
-        pattern = next(p for p in cfg.deny if fnmatchcase(cmd.host.lower(), p.lower()))
+    pattern = cfg.deny_pattern(cmd.host)
+    if pattern is not None:
         return "denied", f"host {cmd.host} is in the deny list ({pattern})"
     if not cfg.execute:
-        return "dry_run", "actuator runs without --execute"
+        return "dry_run", "actuator runs without --execute ([actuator] execute = false)"
     if cmd.dry_run:
-        return "dry_run", "the command says dry_run"
+        return "dry_run", (
+            "the command says dry_run: the worker's [worker.policy] dry_run is true "
+            "(set it to false there to act; --execute alone is not enough)"
+        )
     return "act", "execute"

@@ -13,8 +13,13 @@ wants its own id. Two documented rules map one to the other:
 
 Then ``requeue_template`` runs, e.g. ``scontrol requeue {jobid}``, with the command
 backend's rules: split with shlex first, filled in afterwards, no shell, own process
-group killed whole at the timeout. Exit status 0 is success, anything else a
-:class:`~sinks.actuator.backends.TransientActionError` (retried, then ``failed``).
+group killed whole at the timeout (:mod:`sinks.actuator.process`). Exit status 0 is
+success; a failure is classified as the command backend's are (a permission or
+configuration error stops the actuator, anything unknown is retried, then ``failed``).
+
+With ``--backend slurm`` the templates default to ``[command_prefix] scontrol requeue
+{jobid}`` and ``squeue -h -w {host} -n {job} -o %i`` (``squeue`` beside ``scontrol``),
+run with the backend's ``SLURM_CONF``.
 
 A job id must look like one (letters, digits, ``_ . : -``), so a lookup printing
 something else is refused instead of passed on.
@@ -32,10 +37,13 @@ something else is refused instead of passed on.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
-import subprocess
+from collections.abc import Mapping
+
+import msgspec
 
 from sinks.actuator.backends import (
     ActionOutcome,
@@ -43,12 +51,13 @@ from sinks.actuator.backends import (
     PermanentActionError,
     TransientActionError,
 )
-from sinks.actuator.command_backend import CommandTemplate, _kill_group, _tail
-from sinks.actuator.config import CommandSettings, RestartSettings
+from sinks.actuator.command_backend import CommandTemplate
+from sinks.actuator.config import CommandSettings, RestartSettings, SlurmSettings
+from sinks.actuator.process import SLURM_FATAL, SLURM_PERMANENT, classify, run_argv
 from sinks.actuator.restart import RestartPlan
 from streams.commands import IsolationCommand
 
-__all__ = ["CommandRestarter", "parse_job_ids"]
+__all__ = ["CommandRestarter", "parse_job_ids", "slurm_restarter"]
 
 _JOBID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 
@@ -74,37 +83,18 @@ def parse_job_ids(stdout: str) -> list[str]:
     return ids
 
 
-def _run(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
-    """Run ``argv`` without a shell in its own process group; (status, stdout, stderr)."""
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except (FileNotFoundError, PermissionError) as err:
-        raise ActuatorConfigError(f"cannot run {argv[0]!r}: {err}") from err
-    except ValueError as err:  # a NUL byte inside a value
-        raise PermanentActionError(f"cannot run {shlex.join(argv)}: {err}") from err
-    try:
-        out, err_out = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise TransientActionError(
-            f"{shlex.join(argv)} timed out after {timeout_s:g}s and was killed"
-        ) from None
-    return proc.returncode, out.decode("utf-8", "replace"), _tail(err_out)
-
-
 class CommandRestarter:
     """Maps the job to a scheduler id and runs ``requeue_template`` (module docstring)."""
 
     name = "command"
 
     def __init__(
-        self, command: CommandSettings, settings: RestartSettings, *, check_programs: bool
+        self,
+        command: CommandSettings,
+        settings: RestartSettings,
+        *,
+        check_programs: bool,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if not settings.requeue_template:
             raise ActuatorConfigError(
@@ -112,6 +102,9 @@ class CommandRestarter:
                 "(--requeue-template), e.g. 'scontrol requeue {jobid}'"
             )
         self.timeout_s = command.timeout_s
+        self.env = env
+        self.fatal = command.fatal_patterns or SLURM_FATAL
+        self.permanent = command.permanent_patterns or SLURM_PERMANENT
         self.requeue = CommandTemplate(settings.requeue_template, extra=frozenset({"jobid"}))
         self.regex: re.Pattern[str] | None = None
         if settings.jobid_regex:
@@ -157,9 +150,7 @@ class CommandRestarter:
         if not live and shutil.which(argv[0]) is None:
             return None, f"job id from `{shown}`"
         try:
-            status, out, err = _run(argv, self.timeout_s)
-            if status != 0:
-                raise TransientActionError(f"{shown} exited {status}: {err or '(no stderr)'}")
+            out = self._run("job id lookup", argv)
         except (TransientActionError, ActuatorConfigError) as failed:
             if live:
                 raise
@@ -196,6 +187,15 @@ class CommandRestarter:
             argv=tuple(argv),
         )
 
+    def _run(self, what: str, argv: list[str]) -> str:
+        """stdout of ``argv``; a failure raised as classified by sinks.actuator.process."""
+        ran = run_argv(argv, timeout_s=self.timeout_s, env=self.env)
+        if not ran.ok:
+            raise classify(
+                ran, what, fatal=self.fatal, permanent=self.permanent, timeout_s=self.timeout_s
+            )
+        return ran.stdout
+
     def in_progress(self, plan: RestartPlan) -> str | None:
         # The lookup already asks the scheduler what runs on the node; a requeued job
         # is no longer there. Time-based in_progress_s covers the rest.
@@ -205,8 +205,26 @@ class CommandRestarter:
         if not plan.argv:
             raise PermanentActionError(f"no restart command resolved for job {plan.job}")
         argv = list(plan.argv)
-        status, out, err = _run(argv, self.timeout_s)
-        shown = shlex.join(argv)
-        if status != 0:
-            raise TransientActionError(f"{shown} exited {status}: {err or '(no stderr)'}")
-        return ActionOutcome(changed=True, detail=f"ran {shown}: exit 0")
+        self._run(f"restart job {plan.target}", argv)
+        return ActionOutcome(changed=True, detail=f"ran {shlex.join(argv)}: exit 0")
+
+
+def slurm_restarter(
+    slurm: SlurmSettings, settings: RestartSettings, *, check_programs: bool
+) -> CommandRestarter:
+    """The restarter of ``--backend slurm``: ``scontrol requeue`` and a ``squeue`` lookup
+    unless the settings give their own templates or a ``jobid_regex``."""
+    scontrol = shlex.join([*slurm.command_prefix, slurm.scontrol])
+    squeue = os.path.join(os.path.dirname(slurm.scontrol), "squeue")  # beside scontrol
+    defaults: dict[str, str] = {}
+    if settings.requeue_template is None:
+        defaults["requeue_template"] = f"{scontrol} requeue {{jobid}}"
+    if settings.jobid_lookup is None and settings.jobid_regex is None:
+        defaults["jobid_lookup"] = f"{shlex.quote(squeue)} -h -w {{host}} -n {{job}} -o %i"
+    env = {**os.environ, "SLURM_CONF": slurm.slurm_conf} if slurm.slurm_conf else None
+    return CommandRestarter(
+        CommandSettings(timeout_s=slurm.timeout_s),
+        msgspec.structs.replace(settings, **defaults),
+        check_programs=check_programs,
+        env=env,
+    )
