@@ -52,7 +52,10 @@ from sinks.actuator.backends import (
 
 __all__ = ["SLURM_FATAL", "SLURM_PERMANENT", "Ran", "classify", "run_argv", "tail"]
 
-_TAIL = 400  # characters of stderr/stdout kept in errors and logs
+_TAIL = 400  # characters of stderr kept in errors and logs
+# stdout is parsed (``scontrol -o show node`` of a node running a job is longer than
+# _TAIL, and its NodeName comes first), so it is kept whole up to a bound.
+_STDOUT_MAX = 1 << 16
 
 #: stderr of a scheduler command that no retry can fix: permissions, configuration,
 #: authentication (munge), sudo without a rule.
@@ -117,8 +120,8 @@ def run_argv(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | 
         out, err_out = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         out, err_out = _kill_group(proc)
-        return Ran(argv, None, tail(out), tail(err_out))
-    return Ran(argv, proc.returncode, tail(out), tail(err_out))
+        return Ran(argv, None, _head(out), tail(err_out))
+    return Ran(argv, proc.returncode, _head(out), tail(err_out))
 
 
 def classify(
@@ -160,6 +163,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
         proc.kill()
         proc.wait(timeout=5.0)
         return b"", b""
+
+
+def _head(data: bytes | None) -> str:
+    return (data or b"")[:_STDOUT_MAX].decode("utf-8", "replace").strip()
 
 
 def tail(data: bytes | None) -> str:

@@ -1,0 +1,113 @@
+"""Restart after isolation against a real Slurm (tests/slurm_fixture.py) and a real broker.
+
+A batch job runs on the node that gets drained; the isolation command comes through
+Kafka twice (a redelivery). The actuator drains the node with the Slurm backend, finds
+the job with ``squeue -w <node> -n <job>`` and requeues it with ``scontrol requeue``:
+once. The redelivered command, and the whole topic read again by a restarted actuator
+(a new consumer group, as if the offsets were lost), requeue nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from c4stream.kafka import KafkaConfig
+from sinks.actuator.config import ActuatorConfig, RestartSettings, SlurmSettings
+from sinks.actuator.consumer import run
+from sinks.actuator.ledger import Ledger
+from sinks.actuator.restart import RestartHook, RestartLog
+from sinks.actuator.restart_command import slurm_restarter
+from sinks.actuator.slurm_backend import SlurmBackend
+from streams.commands import IsolationCommand, encode_command
+from tests.slurm_fixture import SlurmCluster
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
+
+JOB = "llm-70b"
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for v in values:
+        p.produce(topic, v, key=b"node")
+    assert p.flush(30) == 0
+
+
+def test_the_job_on_the_drained_node_is_requeued_once(
+    kafka_bootstrap: str,
+    make_topics: Callable[..., dict[str, str]],
+    slurm_cluster: SlurmCluster,
+    tmp_path: Path,
+) -> None:
+    c = slurm_cluster
+    if c.compute_node is None:
+        pytest.skip("no slurmd here (needs root): batch jobs cannot run")
+    node = c.compute_node
+    job = c.sbatch("sleep 300", "-J", JOB, "--requeue")
+    assert c.wait_job_state(job, "RUNNING") == "RUNNING"
+    assert c.job(job)["Restarts"] == "0"
+
+    topics = make_topics({"isolations": 1, "deadletter": 1})
+    cmd = IsolationCommand(
+        id="c4-slurm-1",
+        ts_us=1_000_000,
+        job=JOB,
+        host=node,
+        gpu=3,
+        fault="noncomm_hang",
+        action="cordon_and_taint",
+        confidence=0.97,
+        reason=f"{node} GPU 3 hangs: it has not started collective 12 while its peers waited.",
+        evidence={},
+    )
+    produce(kafka_bootstrap, topics["isolations"], [encode_command(cmd)] * 2)
+    ledger = tmp_path / "ledger.sqlite3"
+
+    def actuate(group: str) -> tuple[dict[str, int], int]:
+        cfg = ActuatorConfig(
+            kafka=KafkaConfig(bootstrap=kafka_bootstrap),
+            group=group,
+            backend="slurm",
+            execute=True,
+            isolations=topics["isolations"],
+            deadletter=topics["deadletter"],
+            exit_when_idle_s=1.5,
+            publish_outcomes=False,
+            slurm=SlurmSettings(slurm_conf=str(c.conf)),
+            restart=RestartSettings(jobs=("llm-*",), execute=True),
+        )
+        restarter = slurm_restarter(cfg.slurm, cfg.restart, check_programs=True)
+        with Ledger(ledger) as led, RestartLog(ledger) as rl:
+            hook = RestartHook(cfg.restart, restarter, rl, retry_backoff_s=0.2)
+            stats = run(cfg, SlurmBackend(cfg.slurm), led, restart=hook)
+        return stats.by_decision, stats.received
+
+    decisions, received = actuate("actuator-1")
+    assert received == 2 and decisions == {"acted": 1, "duplicate": 1}, decisions
+
+    state = c.node(node)
+    assert "DRAIN" in state["State"].split("+") or "DRAIN" in state["State"], state
+    assert state["Reason"].startswith("c4stream c4-slurm-1: ")
+    info = c.job(job)
+    assert info["Restarts"] == "1", info
+    assert info["JobState"] != "RUNNING"  # requeued; its node is drained, so it waits
+    with RestartLog(ledger) as rl:
+        [row] = rl.entries()
+    assert (row.id, row.job, row.host, row.target, row.status) == (
+        "c4-slurm-1",
+        JOB,
+        node,
+        job,
+        "done",
+    )
+    assert f"requeue {job}" in row.detail
+
+    # One more delivery, then a restarted actuator reading the topic from the start.
+    produce(kafka_bootstrap, topics["isolations"], [encode_command(cmd)])
+    decisions, received = actuate("actuator-2")
+    assert received == 3 and decisions == {"duplicate": 3}, decisions
+    assert c.job(job)["Restarts"] == "1"
