@@ -22,6 +22,7 @@ import msgspec
 
 from c4stream.kafka import KafkaConfig
 from c4stream.topics import Topics
+from streams.commands import Fault
 
 __all__ = [
     "DEFAULT_LEDGER",
@@ -111,7 +112,7 @@ class RestartSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """At most this many restarts of one job per rolling hour."""
     in_progress_s: float = 900.0
     """A restart counts as in progress this long after it was issued: no second one."""
-    faults: tuple[str, ...] = ("noncomm_hang", "comm_hang", "straggler", "slow_nic", "slow_link")
+    faults: tuple[Fault, ...] = ("noncomm_hang", "comm_hang", "straggler", "slow_nic", "slow_link")
     """Fault classes whose isolation restarts the job."""
     requeue_template: str | None = None
     """Command backend: the argv template that restarts the job, e.g.
