@@ -14,10 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.main import get_command
 
+from c4stream.cli import app
 from sinks.actuator.backends import ActuatorConfigError
+from sinks.actuator.cli import _FLAG_KEYS, make_restarter
 from sinks.actuator.command_backend import CommandBackend
-from sinks.actuator.config import ActuatorConfig, CommandSettings, RestartSettings
+from sinks.actuator.config import (
+    ActuatorConfig,
+    CommandSettings,
+    RestartSettings,
+    SlurmSettings,
+)
 from sinks.actuator.consumer import Actuator
 from sinks.actuator.ledger import Ledger
 from sinks.actuator.restart import RestartHook, RestartLog
@@ -320,3 +328,26 @@ def test_a_dry_run_whose_lookup_fails_still_says_what_it_would_run(slurm: Slurmi
         act.handle(command(id="c4-2"))
         assert rl.get("c4-2").status == "failed"  # type: ignore[union-attr]
     assert slurm.requeues() == []
+
+
+def test_make_restarter_per_backend_and_the_cli_flags() -> None:
+    assert make_restarter(ActuatorConfig(backend="slurm")) is None  # off by default
+    on = RestartSettings(jobs=("llm-*",))
+    slurm = make_restarter(
+        ActuatorConfig(
+            backend="slurm", restart=on, slurm=SlurmSettings(command_prefix=("sudo", "-n"))
+        )
+    )
+    assert isinstance(slurm, CommandRestarter)
+    assert slurm.requeue.argv == ["sudo", "-n", "scontrol", "requeue", "{jobid}"]
+    assert slurm.lookup is not None and slurm.lookup.argv[:3] == ["squeue", "-h", "-w"]
+    with pytest.raises(ActuatorConfigError, match="requeue_template"):
+        make_restarter(ActuatorConfig(backend="command", restart=on))
+    # every restart flag maps onto a [actuator.restart] key
+    root = get_command(app)
+    ctx = root.make_context("c4stream", ["actuate"], resilient_parsing=True)
+    params = {p.name for p in root.get_command(ctx, "actuate").params}  # type: ignore[attr-defined]
+    restart_flags = {k: v for k, v in _FLAG_KEYS.items() if v.startswith("restart.")}
+    assert set(restart_flags) <= params and len(restart_flags) == 9
+    for key in restart_flags.values():
+        assert key.split(".", 1)[1] in RestartSettings.__struct_fields__
