@@ -33,6 +33,8 @@ restarting the job. Its production figures are not reproduced here; this is a mo
     python -m bench.bench_downtime                          # re-measure, default model
     python -m bench.bench_downtime --quality-json runs.json # latencies of a full bench run
     python -m bench.bench_downtime --checkpoint-min 10 --restart-min 5 --triage-min 60
+    python -m bench.bench_downtime --json runs.json   # keep the runs; re-read them with
+    python -m bench.bench_downtime --quality-json runs.json --triage-min 60
 """
 
 from __future__ import annotations
@@ -298,6 +300,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--days", type=float, default=_DEFAULT.days)
     p.add_argument("--gpus-observed", type=int, default=_DEFAULT.gpus_observed)
     p.add_argument("--markdown", type=Path, help="also write the output here")
+    p.add_argument(
+        "--json", type=Path, help="write the measuring runs here (read back: --quality-json)"
+    )
     return p.parse_args(argv)
 
 
@@ -326,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"hang runs ({', '.join(HANG_GROUPS)} × {args.seeds} seeds at "
             f"{args.measure_gpus} GPUs; {time.perf_counter() - t0:.0f} s)"
         )
+    if args.json:
+        args.json.write_bytes(msgspec.json.encode(results))
     measured = measure(results)
     sizes = [int(x) for x in args.sizes.split(",")]
     text = render(measured, model, rows(measured, model, sizes), source)
