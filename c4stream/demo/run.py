@@ -162,7 +162,7 @@ def _commands_view(cmds: list[IsolationCommand], t0_us: int) -> Group:
 def _truth_table(result: DemoResult, t0_us: int) -> Table:
     table = Table(title="Injected faults vs decisions, and what the actuator did")
     cols = ("injected at (s)", "fault", "host", "component", "found", "latency (s)")
-    for col in (*cols, "isolation", "job restart"):
+    for col in (*cols, "isolated", "restart"):
         table.add_column(col)
     steps = {(s.cmd_id, s.stage): s.status.replace("_", " ") for s in result.loop}
     for f in result.truth.get("faults", []):
