@@ -6,6 +6,7 @@ sinks: actuate, archive, alert · compose: broker · demo, config
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -47,6 +48,7 @@ def config_check(
     from rich.markup import escape
 
     from c4stream.config import check_config
+    from c4stream.config_warnings import config_warnings
     from c4stream.settings_loader import SettingsError
 
     console = Console()
@@ -58,6 +60,8 @@ def config_check(
     for r in reports:
         mark = "[green]  ok [/]" if r.ok else "[red]error[/]"
         console.print(f"{mark} {escape(f'[{r.section}]')} {'' if r.ok else escape(r.message)}")
+    for w in config_warnings(path, env=os.environ):
+        console.print(f"[yellow] warn[/] {escape(f'[{w.section}]')} {escape(w.message)}")
     if not all(r.ok for r in reports):
         raise typer.Exit(1)
     console.print(f"{path}: {len(reports)} tables, all valid")

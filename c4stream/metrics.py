@@ -8,6 +8,14 @@ endpoint binds to 127.0.0.1 unless told otherwise: metrics are not for the world
 >>> m.events_in.labels(stage="worker").inc(3)
 >>> b"c4stream_events_in_total" in m.render()
 True
+
+A counter with labels appears only once a label set is used, so a service calls
+:meth:`Metrics.prime` at start: its stage's counters are exported at 0 from the first
+scrape, and a panel or a ``rate()`` shows 0 instead of "No data".
+
+>>> m = Metrics(); m.prime("actuator")
+>>> b'c4stream_deadletters_total{stage="actuator"} 0.0' in m.render()
+True
 """
 
 from __future__ import annotations
@@ -23,7 +31,15 @@ from prometheus_client import (
     start_http_server,
 )
 
-__all__ = ["Metrics", "MetricsConfig"]
+__all__ = ["OUTCOMES", "Metrics", "MetricsConfig"]
+
+#: ``c4stream_sink_actions_total`` outcomes each stage reports (exported at 0 from start).
+OUTCOMES: dict[str, tuple[str, ...]] = {
+    "exporter": ("delivered", "delivery_error"),
+    "actuator": ("acted", "dry_run", "skipped", "denied", "alert_only", "duplicate", "failed"),
+    "alerter": ("delivered", "failed", "retried", "dropped"),
+    "archiver": ("commit",),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +94,13 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
             registry=r,
         )
+
+    def prime(self, stage: str) -> None:
+        """Create ``stage``'s label sets of the label-only counters at 0 (see the module)."""
+        for counter in (self.events_in, self.messages_in, self.deadletters):
+            counter.labels(stage=stage)
+        for outcome in OUTCOMES.get(stage, ()):
+            self.actions.labels(stage=stage, outcome=outcome)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

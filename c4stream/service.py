@@ -76,6 +76,7 @@ def start_service(
     setup_logging(logs.level, json_lines=logs.json, name="")
     log = logging.getLogger(f"c4stream.{stage}")
     metrics = Metrics()
+    metrics.prime(stage)  # counters at 0 from the first scrape, not "No data"
     try:
         port = metrics.serve(mcfg)
     except OSError as err:

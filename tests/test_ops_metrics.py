@@ -187,6 +187,12 @@ def test_actuator_metrics(
             == 3
         )
         assert value(s, "c4stream_sink_actions_total", stage="actuator", outcome="dry_run") == 3
+        # Exported at 0 from the start (issue 13): a panel shows 0, not "No data".
+        failed = (
+            "c4stream_sink_actions_total",
+            frozenset({"stage": "actuator", "outcome": "failed"}.items()),
+        )
+        assert s.get(failed) == 0
         assert value(s, "c4stream_processing_latency_seconds_count", stage="actuator") == 3
         # latency is measured from the command's ts_us: at least the 2 s it waited
         assert value(s, "c4stream_processing_latency_seconds_sum", stage="actuator") >= 3 * 2.0

@@ -217,7 +217,7 @@ def _start_services(svc: ServiceGroup, bootstrap: str, out: Path, chat_url: str,
     alert_toml = out / "alert.toml"
     alert_toml.write_text(
         "resolve_timeout_s = 120\n"
-        f'[[destination]]\ntype = "alertmanager"\nurl = "{chat_url}/alertmanager"\n'
+        f'[[destination]]\ntype = "alertmanager_webhook"\nurl = "{chat_url}/alertmanager"\n'
         f'[[destination]]\ntype = "slack"\nurl = "{chat_url}/slack"\n'
     )
     kafka = ("--bootstrap", bootstrap)

@@ -47,7 +47,7 @@ from sinks.actuator.backends import (
     PermanentActionError,
 )
 from sinks.actuator.config import CommandSettings
-from sinks.actuator.process import SLURM_FATAL, SLURM_PERMANENT, classify, run_argv
+from sinks.actuator.process import SLURM_FATAL, SLURM_PERMANENT, classify, run_argv, tail
 from streams.commands import IsolationCommand
 
 __all__ = ["FIELDS", "CommandBackend", "CommandTemplate"]
@@ -167,7 +167,7 @@ class CommandBackend:
                 permanent=self.settings.permanent_patterns or SLURM_PERMANENT,
                 timeout_s=self.settings.timeout_s,
             )
-        log.info("ran %s: exit 0 %s", ran.shown, ran.stdout)
+        log.info("ran %s: exit 0 %s", ran.shown, tail(ran.stdout))
         return ActionOutcome(changed=True, detail=f"ran {ran.shown}: exit 0")
 
     def check(self) -> list[str]:

@@ -52,10 +52,7 @@ from sinks.actuator.backends import (
 
 __all__ = ["SLURM_FATAL", "SLURM_PERMANENT", "Ran", "classify", "run_argv", "tail"]
 
-_TAIL = 400  # characters of stderr kept in errors and logs
-# stdout is parsed (``scontrol -o show node`` of a node running a job is longer than
-# _TAIL, and its NodeName comes first), so it is kept whole up to a bound.
-_STDOUT_MAX = 1 << 16
+_TAIL = 400  # characters of stderr/stdout kept in errors and logs
 
 #: stderr of a scheduler command that no retry can fix: permissions, configuration,
 #: authentication (munge), sudo without a rule.
@@ -120,8 +117,8 @@ def run_argv(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | 
         out, err_out = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         out, err_out = _kill_group(proc)
-        return Ran(argv, None, _head(out), tail(err_out))
-    return Ran(argv, proc.returncode, _head(out), tail(err_out))
+        return Ran(argv, None, _text(out), _text(err_out))
+    return Ran(argv, proc.returncode, _text(out), _text(err_out))
 
 
 def classify(
@@ -133,7 +130,7 @@ def classify(
     timeout_s: float | None = None,
 ) -> ActuatorError:
     """The error for a failed run (see the module docstring); ``what`` names the step."""
-    stderr = ran.stderr or ran.stdout or "(no output)"
+    stderr = tail(ran.stderr or ran.stdout) or "(no output)"
     if ran.returncode is None:
         status = "timed out" + (f" after {timeout_s:g}s" if timeout_s else "") + " and was killed"
     else:
@@ -165,10 +162,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
         return b"", b""
 
 
-def _head(data: bytes | None) -> str:
-    return (data or b"")[:_STDOUT_MAX].decode("utf-8", "replace").strip()
+def _text(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", "replace").strip()
 
 
-def tail(data: bytes | None) -> str:
-    text = (data or b"").decode("utf-8", "replace").strip()
+def tail(text: str) -> str:
+    """The last few hundred characters, for errors and logs."""
     return text if len(text) <= _TAIL else "…" + text[-_TAIL:]

@@ -143,7 +143,7 @@ class SlurmBackend:
         ran = self._run(f"show node {name}", "-o", "show", "node", name)
         fields = parse_node(ran.stdout)
         if fields.get("NodeName") != name:
-            raise PermanentActionError(f"slurm: node {name!r} not found: {ran.stdout[:200]}")
+            raise PermanentActionError(f"slurm: node {name!r} not found: {ran.stdout[:200]!r}")
         return fields
 
     def apply(self, cmd: IsolationCommand) -> ActionOutcome:

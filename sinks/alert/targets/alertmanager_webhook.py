@@ -1,7 +1,13 @@
-"""A generic JSON receiver in Alertmanager's webhook format (``webhook_config``, version 4).
+"""A JSON receiver that expects Alertmanager's *webhook format* (``webhook_config``, v4).
 
-Anything that already consumes Alertmanager webhooks (incident tools, custom bridges) can
-take c4stream's alerts unchanged. One c4stream alert group (a faulty host of a job) is
+This is the payload Alertmanager *sends* to its webhook receivers — for anything that
+already consumes Alertmanager webhooks (incident tools, custom bridges), which can take
+c4stream's alerts unchanged. It cannot feed an Alertmanager (its ``/api/v2/alerts``
+answers 400): for that use ``type = "alertmanager_api"``
+(:mod:`sinks.alert.targets.alertmanager_api`). Config type ``alertmanager_webhook``;
+the old name ``alertmanager`` still selects this target (and ``config check`` says so).
+
+One c4stream alert group (a faulty host of a job) is
 one Alertmanager group with one alert::
 
     {"version": "4", "groupKey": "{}:{host=\\"h3\\", job=\\"j\\"}", "truncatedAlerts": 0,
@@ -23,14 +29,36 @@ from typing import Any
 from sinks.alert.model import Notification, rfc3339
 from sinks.alert.targets.base import Target
 
-__all__ = ["ALERTNAME", "AlertmanagerTarget"]
+__all__ = ["ALERTNAME", "AlertmanagerWebhookTarget", "common_annotations"]
 
 ALERTNAME = "C4FaultyHost"
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
-class AlertmanagerTarget(Target):
-    kind = "alertmanager"
+def common_annotations(n: Notification) -> dict[str, str]:
+    """Annotations both Alertmanager targets send: what a person reads, never identity."""
+    annotations = {
+        "summary": f"{', '.join(n.faults)} on {n.host} (job {n.job})",
+        "description": n.text,
+    }
+    for key, value in (
+        ("action", n.action),
+        ("dry_run", None if n.dry_run is None else str(n.dry_run).lower()),
+        ("actuator", n.outcome),
+        ("actuator_detail", n.outcome_detail),
+        ("confidence", None if n.confidence is None else f"{n.confidence:.2f}"),
+        ("gpu", None if n.gpu is None else str(n.gpu)),
+        ("nic", n.nic),
+        ("peer_host", n.peer_host),
+        ("command_id", n.command_id),
+    ):
+        if value is not None:
+            annotations[key] = value
+    return annotations
+
+
+class AlertmanagerWebhookTarget(Target):
+    kind = "alertmanager_webhook"
 
     def render(self, n: Notification) -> dict[str, Any]:
         group_labels = {"host": n.host, "job": n.job}
@@ -41,19 +69,7 @@ class AlertmanagerTarget(Target):
             "severity": n.severity,
             "fault": ",".join(n.faults),
         }
-        annotations = {
-            "summary": f"{', '.join(n.faults)} on {n.host} (job {n.job})",
-            "description": n.text,
-        }
-        for key, value in (
-            ("action", n.action),
-            ("confidence", None if n.confidence is None else f"{n.confidence:.2f}"),
-            ("gpu", None if n.gpu is None else str(n.gpu)),
-            ("nic", n.nic),
-            ("peer_host", n.peer_host),
-        ):
-            if value is not None:
-                annotations[key] = value
+        annotations = common_annotations(n)
         # Alertmanager's groupKey is "<route key>:<group labels>", labels sorted as
         # {a="1", b="2"}; c4stream has a single implicit route "{}".
         group_key = "{}:{" + ", ".join(f'{k}="{v}"' for k, v in sorted(group_labels.items())) + "}"
