@@ -15,6 +15,10 @@ import compose.cli
 import producers.cli
 import sinks.cli
 import streams.cli
+from c4base.settings_loader import SettingsError
+from c4stream.config import check_config
+from c4stream.config_warnings import config_warnings
+from c4stream.demo.run import DemoConfig, run_demo
 
 app = typer.Typer(
     name="c4stream",
@@ -25,6 +29,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    # Help texts name TOML tables such as [kafka]: rich markup would swallow them.
+    rich_markup_mode=None,
 )
 
 for stage in (producers.cli, streams.cli, sinks.cli, compose.cli):
@@ -46,10 +52,6 @@ def config_check(
     """
     from rich.console import Console
     from rich.markup import escape
-
-    from c4stream.config import check_config
-    from c4stream.config_warnings import config_warnings
-    from c4stream.settings_loader import SettingsError
 
     console = Console()
     try:
@@ -102,7 +104,6 @@ def demo(
     simulated 128-GPU job, shows decisions live, stops everything and writes
     OUT/report.html and the Parquet archive OUT/archive.
     """
-    from c4stream.demo.run import DemoConfig, run_demo
 
     result = run_demo(
         DemoConfig(

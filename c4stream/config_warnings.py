@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from c4base.settings_loader import SettingsError, load_raw
 from c4stream.config import load_section
-from c4stream.settings_loader import SettingsError, load_raw
 
 __all__ = ["ConfigWarning", "config_warnings"]
 

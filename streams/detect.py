@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from producers.events import Event
+from producers.sources import SourceError, open_sources
 from producers.traces import BadLine
 from streams.commands import IsolationCommand, encode_command
 from streams.core import DetectConfig, DetectionPipeline, PolicyConfig
@@ -56,27 +57,12 @@ def _open_out(path: Path) -> IO[bytes]:
 
 
 def _batches(paths: list[Path], on_bad: Callable[[BadLine], None]) -> Iterator[list[Event]]:
-    """Event batches from the inputs, through producers.sources when it is there."""
+    """Event batches from the inputs (any format :mod:`producers.sources` reads)."""
     for p in paths:
         if not p.exists():
             raise DetectInputError(
                 f"{p}: no such file or directory; give a trace file or dump directory that exists"
             )
-    try:
-        from producers.sources import SourceError, open_sources
-    except ImportError:  # readers of other formats not installed: contract traces only
-        from producers.traces import TraceLine, read_trace
-
-        for p in paths:
-            try:
-                for item in read_trace(p):
-                    if isinstance(item, TraceLine):
-                        yield item.events
-                    else:
-                        on_bad(item)
-            except OSError as err:
-                raise DetectInputError(f"{p}: cannot read: {err}") from None
-        return
     try:
         for batch in open_sources(paths, on_bad=on_bad):
             yield batch.events

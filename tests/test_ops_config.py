@@ -9,9 +9,10 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from c4base.config import flag_overrides
+from c4base.settings_loader import SettingsError
 from c4stream.cli import app
-from c4stream.config import check_config, flag_overrides, load_section
-from c4stream.settings_loader import SettingsError
+from c4stream.config import check_config, load_section
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "c4stream" / "example.toml"
 SLACK = {"C4_SLACK_URL": "https://hooks.slack.com/services/T0/B0/secret"}

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from c4stream.metrics import OUTCOMES, Metrics, MetricsConfig
+from c4base.metrics import OUTCOMES, Metrics, MetricsConfig
 from tests.tools import free_port, require_tool
 
 COMPOSE = Path(__file__).resolve().parents[1] / "compose"

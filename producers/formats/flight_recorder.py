@@ -59,7 +59,7 @@ import math
 import os
 import pickle
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -429,11 +429,3 @@ def read_flight_recorder(
     except (msgspec.ValidationError, TypeError, ValueError, AttributeError) as err:
         bad(f"unexpected dump content: {type(err).__name__}: {err}")
         return []
-
-
-def iter_flight_recorder(
-    paths: list[Path], *, job: str, on_bad: Callable[[BadLine], None] | None = None
-) -> Iterator[Event]:
-    """Events of several ranks' dumps, file by file."""
-    for p in paths:
-        yield from read_flight_recorder(p, job=job, on_bad=on_bad)

@@ -8,7 +8,7 @@ operations). Doubles are printed with ``%lf`` and a NaN bandwidth as the *string
 ``event_trace_ts`` inside ``coll_perf``. Unknown fields and newer
 ``inspector_output_format_version`` values are accepted: only the fields below are read.
 
-Mapping (``producers/FORMATS.md`` has the full table):
+Mapping (the README's "Input formats" section has the full table):
 
 ==========================================  =====================
 Inspector                                    contract ``op`` event
@@ -56,7 +56,7 @@ from typing import Annotated
 import msgspec
 
 from producers.events import Conn, OpEvent
-from producers.traces import BadLine
+from producers.traces import BadLine, _open_binary
 
 __all__ = [
     "InspectorError",
@@ -230,7 +230,6 @@ def read_inspector_file(
     line without its newline (still being written) is ignored. Reads gzip too
     (``.log.gz``, as NVIDIA's exporter accepts).
     """
-    from producers.traces import _open_binary  # one place knows how to sniff gzip
 
     name = str(path)
     with _open_binary(Path(path), "r") as fh:

@@ -16,12 +16,22 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
-from sinks.actuator.config import DEFAULT_LEDGER, ActuatorConfig
+from c4base.config import flag_overrides, load_section
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from sinks.actuator.backends import ActuatorError
+from sinks.actuator.command_backend import CommandBackend
+from sinks.actuator.config import ACTUATOR_SECTION, DEFAULT_LEDGER, ActuatorConfig
+from sinks.actuator.consumer import run
+from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
+from sinks.actuator.ledger import Ledger
+from sinks.actuator.restart import Restarter, RestartHook, RestartLog
+from sinks.actuator.restart_command import CommandRestarter, slurm_restarter
+from sinks.actuator.restart_kubernetes import KubernetesRestarter
+from sinks.actuator.slurm_backend import SlurmBackend
 
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
-    from sinks.actuator.restart import Restarter
 
 __all__ = ["actuate", "make_backend", "make_restarter"]
 
@@ -224,13 +234,6 @@ def actuate(
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
     log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
 ) -> None:
-    from c4stream.config import flag_overrides, load_section
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from sinks.actuator.backends import ActuatorError
-    from sinks.actuator.consumer import run
-    from sinks.actuator.ledger import Ledger
-    from sinks.actuator.restart import RestartHook, RestartLog
 
     # Flags given on the command line win over the file; the file over the defaults.
     flags = flag_overrides(
@@ -243,7 +246,7 @@ def actuate(
         svc = start_service(
             config, ctx, stage="actuator", log_values={"log_level": "DEBUG"} if verbose else None
         )
-        cfg: ActuatorConfig = load_section("actuator", config, overrides=flags)
+        cfg: ActuatorConfig = load_section("actuator", ACTUATOR_SECTION, config, overrides=flags)
     except SettingsError as err:
         typer.echo(f"c4stream actuate: {err}", err=True)
         raise typer.Exit(2) from None
@@ -334,14 +337,9 @@ def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> 
     really act (fail fast)."""
     real = cfg.execute if check_programs is None else check_programs
     if cfg.backend == "command":
-        from sinks.actuator.command_backend import CommandBackend
-
         return CommandBackend(cfg.command, check_programs=real)
     if cfg.backend == "slurm":
-        from sinks.actuator.slurm_backend import SlurmBackend
-
         return SlurmBackend(cfg.slurm, check_programs=real)
-    from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
 
     client = load_api_client(cfg.kubernetes) if real else None
     return KubernetesBackend(cfg.kubernetes, client)
@@ -353,16 +351,9 @@ def make_restarter(cfg: ActuatorConfig) -> Restarter | None:
         return None
     live = cfg.execute and cfg.restart.execute
     if cfg.backend == "command":
-        from sinks.actuator.restart_command import CommandRestarter
-
         return CommandRestarter(cfg.command, cfg.restart, check_programs=live)
     if cfg.backend == "slurm":
-        from sinks.actuator.restart_command import slurm_restarter
-
         return slurm_restarter(cfg.slurm, cfg.restart, check_programs=live)
-    from sinks.actuator.kubernetes_backend import load_api_client
-    from sinks.actuator.restart_kubernetes import KubernetesRestarter
-
     client = load_api_client(cfg.kubernetes) if cfg.execute else None
     return KubernetesRestarter(cfg.restart, cfg.kubernetes, client)
 

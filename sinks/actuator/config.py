@@ -20,8 +20,9 @@ from typing import Literal
 
 import msgspec
 
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from c4base.config import Section
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 from streams.commands import Fault
 
 __all__ = [
@@ -215,3 +216,7 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def is_denied(self, host: str) -> bool:
         """Whether ``host`` (or its node name) matches a deny pattern."""
         return self.deny_pattern(host) is not None
+
+
+ACTUATOR_SECTION = Section(ActuatorConfig)
+"""``[actuator]`` of ``c4stream.toml``."""

@@ -29,9 +29,9 @@ from typing import Any
 
 import msgspec
 
-from c4stream.consumer_lag import LagMonitor, observe_latency
-from c4stream.deadletter import DeadLetter
-from c4stream.metrics import Metrics
+from c4base.consumer_lag import LagMonitor, observe_latency
+from c4base.deadletter import DeadLetter
+from c4base.metrics import Metrics
 from sinks.actuator.backends import (
     ActuatorConfigError,
     ActuatorError,

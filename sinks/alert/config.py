@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from c4base.config import Section
 from sinks.alert.model import Severity
 
 __all__ = [
@@ -233,3 +234,7 @@ def config_from_table(
     except msgspec.ValidationError as err:
         # msgspec's message names the field path but never echoes values (no secret leaks).
         raise ConfigError(f"{where}: {err}") from None
+
+
+ALERT_SECTION = Section(AlertConfig, lambda data, env: config_from_table(data, env, "[alert]"))
+"""``[alert]`` of ``c4stream.toml`` (``url_env`` resolved from the environment)."""

@@ -12,7 +12,7 @@ must not replay last week's decisions into the channel.
 
 Undecodable messages go to ``c4.deadletter`` (stage ``alerter``) and are skipped.
 
-With a :class:`~c4stream.metrics.Metrics`, the consumer also counts messages in, dead
+With a :class:`~c4base.metrics.Metrics`, the consumer also counts messages in, dead
 letters, commands and verdicts received, webhook outcomes (``c4stream_sink_actions``:
 delivered, failed, retried, dropped — taken from the delivery counters each tick),
 consumer lag and processing latency.
@@ -25,11 +25,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from c4stream.consumer_lag import LagMonitor, observe_latency
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
-from c4stream.metrics import Metrics
-from c4stream.topics import Topics
+from c4base.consumer_lag import LagMonitor, observe_latency
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.metrics import Metrics
+from c4base.topics import Topics
 from sinks.actuator.outcomes import ReportDecodeError, decode_report
 from sinks.alert.alerter import Alerter
 from streams.commands import CommandDecodeError, decode_command

@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from c4stream.deadletter import DeadLetter
+from c4base.deadletter import DeadLetter
 from producers.events import Event, EventDecodeError, decode_message
 from streams.app.checkpoint import CheckpointSchedule
 from streams.app.deadletter import Record, dead_letter

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
 from producers.events import decode_message
 from producers.exporter import Exporter, ExporterConfig
 from tests.kafka_helpers import consume

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from sinks.actuator.config import ActuatorConfig, RestartSettings, SlurmSettings
 from sinks.actuator.consumer import run
 from sinks.actuator.ledger import Ledger

@@ -9,9 +9,9 @@ import uuid
 import msgspec
 import pytest
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 from compose.local_broker import create_topics
 from sinks.alert.alerter import Alerter
 from sinks.alert.config import AlertConfig, Destination

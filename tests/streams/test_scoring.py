@@ -1,11 +1,11 @@
-"""The matching rule of bench/scoring.py, and one end-to-end run of the bench on the simulator."""
+"""The one scorer (streams/scoring.py) of tests, bench and demo, and one bench run."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from bench.scoring import Decision, TruthFault, component_ok, outcome, score_run, truth_faults
+from streams.scoring import Decision, TruthFault, component_ok, outcome, score_run, truth_faults
 
 S = 1_000_000
 T0 = 1_750_000_000_000_000
@@ -137,9 +137,7 @@ def test_alert_only_on_the_right_host_is_detected_not_localized() -> None:
     assert s2.faults[0].localized and s2.faults[0].latency_us == 8 * S
 
 
-@pytest.mark.parametrize(
-    "module", ["bench.scoring", "bench.baselines", "bench.scenarios", "bench.bench_quality"]
-)
+@pytest.mark.parametrize("module", ["bench.baselines", "bench.scenarios", "bench.bench_quality"])
 def test_doctests_of_the_quality_bench(module: str) -> None:
     """pytest's doctest collection skips bench/ (``--ignore=bench``), so run them here."""
     import doctest

@@ -4,13 +4,13 @@ Overrides use ``C4STREAM__SECTION__KEY=value`` (double underscores separate leve
 the value is read as a TOML value when it parses as one (``5``, ``true``, ``["a"]``)
 and as a plain string otherwise. Errors name the setting and where it came from.
 
->>> from c4stream.kafka import KafkaConfig
+>>> from c4base.kafka import KafkaConfig
 >>> load_settings(KafkaConfig, text='topic_prefix = "t."', env={"C4STREAM__BOOTSTRAP": "k:1"})
 KafkaConfig(bootstrap='k:1', topic_prefix='t.', extra={})
 >>> load_settings(KafkaConfig, text='topic_prefix = 5', env={})
 Traceback (most recent call last):
 ...
-c4stream.settings_loader.SettingsError: <text>: Expected `str`, got `int` - at `$.topic_prefix`
+c4base.settings_loader.SettingsError: <text>: Expected `str`, got `int` - at `$.topic_prefix`
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Scoring of detector decisions against the simulator's ground truth, written once.
 
+The one scorer of the tests, the quality benchmark and the demo's "found" count.
 Every detector of the quality benchmark — c4stream's :class:`IsolationCommand` stream
 and the two baselines — is reduced to a list of :class:`Decision`; every injected
 fault of a run's ground truth to a :class:`TruthFault`. :func:`score_run` pairs them.
@@ -67,9 +68,11 @@ __all__ = [
     "Outcome",
     "RunScore",
     "TruthFault",
+    "component_label",
     "component_ok",
     "from_command",
     "outcome",
+    "score_commands",
     "score_run",
     "truth_faults",
 ]
@@ -137,6 +140,15 @@ class FaultScore(msgspec.Struct, kw_only=True):
     latency_us: int | None
     """First localizing match (else first detection) minus the fault's start."""
 
+    @property
+    def found(self) -> bool:
+        """Taken out on the right host with the right class, naming the right component."""
+        return self.localized and self.component is not False
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.latency_us is None else round(self.latency_us / 1e6, 1)
+
 
 class RunScore(msgspec.Struct, kw_only=True):
     """How one detector did on one run (trace)."""
@@ -147,6 +159,12 @@ class RunScore(msgspec.Struct, kw_only=True):
     """Distinct hosts among the false isolations (cordons are per host)."""
     decisions: int
     isolating: int
+    false_decisions: list[Decision] = []
+    """The false isolations themselves, for messages."""
+
+    @property
+    def all_found(self) -> bool:
+        return all(f.found for f in self.faults)
 
 
 def truth_faults(truth: Any) -> list[TruthFault]:
@@ -270,4 +288,39 @@ def score_run(
         false_hosts=len({d.host for d in false}),
         decisions=len(ds),
         isolating=sum(d.isolating for d in ds),
+        false_decisions=false,
     )
+
+
+def score_commands(
+    commands: Iterable[IsolationCommand], truth: Any, slack_us: int = SLACK_US
+) -> RunScore:
+    """c4stream's commands against a ground truth (the simulator's struct or its JSON).
+
+    >>> truth = {"faults": [{"id": "f0", "kind": "straggler", "expected_fault": "straggler",
+    ...          "host": "node-005", "gpu": 3, "start_us": 0}]}
+    >>> cmd = IsolationCommand(id="c", ts_us=12_000_000, job="j", host="node-005", gpu=3,
+    ...                        fault="straggler", action="cordon", confidence=0.9, reason="r",
+    ...                        evidence={})
+    >>> r = score_commands([cmd], truth)
+    >>> r.faults[0].found, r.faults[0].latency_s, r.false_isolations
+    (True, 12.0, 0)
+    """
+    return score_run([from_command(c) for c in commands], truth_faults(truth), slack_us)
+
+
+def component_label(gpu: int | None, nic: str | int | None, peer_host: str | None = None) -> str:
+    """How a person names the component: ``GPU 5``, ``NIC mlx5_1``, ``link to node-002``.
+
+    >>> component_label(5, None), component_label(None, "mlx5_1"), component_label(None, 1)
+    ('GPU 5', 'NIC mlx5_1', 'NIC mlx5_1')
+    >>> component_label(None, "mlx5_3", "node-002"), component_label(None, None)
+    ('NIC mlx5_3 → node-002', 'host')
+    """
+    if gpu is not None:
+        return f"GPU {gpu}"
+    if nic is not None:
+        # The simulator's ground truth numbers NICs; commands name the device.
+        name = f"mlx5_{nic}" if isinstance(nic, int) else nic
+        return f"NIC {name}" + (f" → {peer_host}" if peer_host else "")
+    return f"link to {peer_host}" if peer_host else "host"

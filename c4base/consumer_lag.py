@@ -7,7 +7,7 @@ consuming loop (confluent-kafka consumers are driven by one thread), with one
 watermark query per assigned partition; partitions no longer assigned drop their
 series so a rebalance leaves no stale gauges behind.
 
->>> from c4stream.metrics import Metrics
+>>> from c4base.metrics import Metrics
 >>> m = Metrics()
 >>> observe_latency(m, "actuator", ts_us=1_000_000, now_s=3.5)
 >>> b'c4stream_processing_latency_seconds_sum{stage="actuator"} 2.5' in m.render()
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from c4stream.metrics import Metrics
+from c4base.metrics import Metrics
 
 __all__ = ["LagMonitor", "lag_of", "observe_latency"]
 

@@ -19,8 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from c4base.config import LOG_SECTION, METRICS_SECTION, LogSettings, flag_overrides, load_section
+from c4base.logs import setup_logging
+from c4base.metrics import Metrics
+from c4base.settings_loader import SettingsError
+
 if TYPE_CHECKING:  # CLI modules import the help texts below: keep this import light
-    from c4stream.metrics import Metrics, MetricsConfig
+    from c4base.metrics import Metrics, MetricsConfig
 
 __all__ = ["METRICS_FLAGS", "LOG_FLAGS", "Service", "start_service"]
 
@@ -58,18 +63,14 @@ def start_service(
     """Read ``[log]``/``[metrics]`` (flags in ``ctx`` win), set up logging, serve metrics.
 
     ``log_values`` replaces a flag's value (e.g. ``--verbose`` given → level DEBUG).
-    Raises :class:`~c4stream.settings_loader.SettingsError` on a bad setting or a
+    Raises :class:`~c4base.settings_loader.SettingsError` on a bad setting or a
     metrics port that cannot be bound.
     """
-    from c4stream.config import LogSettings, flag_overrides, load_section
-    from c4stream.logs import setup_logging
-    from c4stream.metrics import Metrics
-    from c4stream.settings_loader import SettingsError
 
     log_over = flag_overrides(ctx, LOG_FLAGS, **dict(log_values or {}))
-    logs: LogSettings = load_section("log", config, env=env, overrides=log_over)
+    logs: LogSettings = load_section("log", LOG_SECTION, config, env=env, overrides=log_over)
     mcfg: MetricsConfig = load_section(
-        "metrics", config, env=env, overrides=flag_overrides(ctx, METRICS_FLAGS)
+        "metrics", METRICS_SECTION, config, env=env, overrides=flag_overrides(ctx, METRICS_FLAGS)
     )
     # The root logger: a service is a process of its own, and every package's logger
     # (c4stream.*, sinks.*, producers.*, librdkafka's) should come out the same way.
