@@ -218,7 +218,8 @@ def _loop_steps(
     steps = []
     for e in isolations:
         wall = min(e.first_us, restarts[e.id].first_us) if e.id in restarts else e.first_us
-        steps.append(LoopStep(e.id, e.host, "isolate", at(e.id, wall), e.status, e.detail))
+        detail = e.detail.split("; job restart ", 1)[0]  # the restart has its own step
+        steps.append(LoopStep(e.id, e.host, "isolate", at(e.id, wall), e.status, detail))
     for r in restarts.values():
         steps.append(LoopStep(r.id, r.host, "restart", at(r.id, r.first_us), r.status, r.detail))
     return sorted(steps, key=lambda s: s.ts_us)

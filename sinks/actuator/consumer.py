@@ -167,7 +167,9 @@ class Actuator:
         if self.restart is not None and h.status in ("done", "dry_run"):
             # Before the isolation's ledger row: a crash in between repeats the (safe)
             # isolation, and the restart log keeps the restart from happening twice.
-            self.restart.after(cmd, h.decision)
+            r = self.restart.after(cmd, h.decision)
+            if r is not None:  # the ledger row and the c4.actions record say it too
+                h = dataclasses.replace(h, detail=f"{h.detail}; job restart {r.status}: {r.detail}")
         self.ledger.record(
             cmd.id, status=h.status, host=cmd.host, action=cmd.action, detail=h.detail
         )

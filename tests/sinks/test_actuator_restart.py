@@ -137,6 +137,8 @@ def test_isolation_then_one_requeue_and_a_redelivery_requeues_nothing(slurm: Slu
     with Ledger(slurm.ledger) as led, RestartLog(slurm.ledger) as rl:
         h = actuator(slurm, led, rl).handle(command())
         assert (h.decision, h.status) == ("act", "done")
+        assert "; job restart done: ran " in h.detail and h.detail.endswith("requeue 4242: exit 0")
+        assert led.get("c4-1").detail == h.detail  # type: ignore[union-attr]
         assert slurm.read(slurm.calls)[0][:3] == ["update", "nodename=node017", "state=drain"]
         assert slurm.requeues() == [["requeue", "4242"]]
         # the lookup asked for this job on this node
