@@ -272,7 +272,7 @@ def actuate(
         restarter = make_restarter(cfg)
         with (
             Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led,
-            RestartLog(cfg.ledger_path) as restarts,
+            RestartLog(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as restarts,
         ):
             hook = None
             if restarter is not None:

@@ -142,7 +142,7 @@ class RestartLog:
     done 2 1
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, retention_days: float = 30.0) -> None:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,6 +152,8 @@ class RestartLog:
             self._db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as err:
             raise LedgerError(f"cannot open the restart log in {self.path}: {err}") from err
+        # bounded state, like the ledger's own rows
+        self.prune(time.time_ns() // 1000 - int(retention_days * 86_400 * 1e6))
 
     def get(self, cmd_id: str) -> RestartEntry | None:
         row = self._db.execute("SELECT * FROM restarts WHERE id = ?", (cmd_id,)).fetchone()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -353,3 +354,14 @@ def test_make_restarter_per_backend_and_the_cli_flags() -> None:
     assert set(restart_flags) <= params and len(restart_flags) == 9
     for key in restart_flags.values():
         assert key.split(".", 1)[1] in RestartSettings.__struct_fields__
+
+
+def test_restart_log_prunes_old_rows_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    with RestartLog(path) as rl:
+        old = time.time_ns() // 1000 - 40 * 86_400_000_000
+        rl.record("old", job="j", host="h", target="1", status="done", detail="", cmd_ts_us=1,
+                  now_us=old)  # fmt: skip
+        rl.record("new", job="j", host="h", target="2", status="done", detail="", cmd_ts_us=1)
+    with RestartLog(path, retention_days=30) as rl:
+        assert [e.id for e in rl.entries()] == ["new"]
