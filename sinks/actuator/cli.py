@@ -202,6 +202,14 @@ def actuate(
             "'squeue -h -w {host} -n {job} -o %i'.",
         ),
     ] = None,
+    restart_status_template: Annotated[
+        str | None,
+        typer.Option(
+            "--restart-status-template",
+            help="Command backend: argv template printing the job's Slurm state, e.g. "
+            "'squeue -h -j {jobid} -o %T'; PENDING, REQUEUED… = a restart is in progress.",
+        ),
+    ] = None,
     restart_pod_selector: Annotated[
         str,
         typer.Option(
@@ -327,6 +335,7 @@ _FLAG_KEYS = {
     "requeue_template": "restart.requeue_template",
     "jobid_regex": "restart.jobid_regex",
     "jobid_lookup": "restart.jobid_lookup",
+    "restart_status_template": "restart.status_template",
     "restart_pod_selector": "restart.pod_selector",
     "restart_namespace": "restart.namespace",
 }

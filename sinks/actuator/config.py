@@ -124,6 +124,10 @@ class RestartSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     jobid_lookup: str | None = None
     """Command backend, when no regex is set: an argv template printing the job id(s) on
     the host, e.g. ``squeue -h -w {host} -n {job} -o %i`` (one id per line)."""
+    status_template: str | None = None
+    """Command backend: an argv template printing the job's state, e.g.
+    ``squeue -h -j {jobid} -o %T``; a Slurm state such as PENDING, CONFIGURING or
+    REQUEUED means a restart is in progress (none is started)."""
     pod_selector: str = "job-name={job}"
     """Kubernetes: label selector of the job's pods; ``{job}`` is the telemetry job name
     (a Job's pods carry ``job-name``; a PyTorchJob's ``training.kubeflow.org/job-name``;

@@ -238,6 +238,8 @@ class RestartPlan:
     pods: tuple[tuple[str, str], ...] = ()
     """Kubernetes: (name, uid) of the pods to delete."""
     extra: dict[str, str] = field(default_factory=dict)
+    cmd: IsolationCommand | None = None
+    """The isolation command the plan was made for (templates render from it)."""
 
 
 class Restarter(Protocol):

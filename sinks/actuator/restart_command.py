@@ -18,11 +18,16 @@ success; a failure is classified as the command backend's are (a permission or
 configuration error stops the actuator, anything unknown is retried, then ``failed``).
 
 With ``--backend slurm`` the templates default to ``[command_prefix] scontrol requeue
-{jobid}`` and ``squeue -h -w {host} -n {job} -o %i`` (``squeue`` beside ``scontrol``),
-run with the backend's ``SLURM_CONF``.
+{jobid}``, ``squeue -h -w {host} -n {job} -o %i`` and ``squeue -h -j {jobid} -o %T``
+(``squeue`` beside ``scontrol``), run with the backend's ``SLURM_CONF``.
 
 A job id must look like one (letters, digits, ``_ . : -``), so a lookup printing
 something else is refused instead of passed on.
+
+With ``status_template`` (Slurm: ``squeue -h -j {jobid} -o %T``), a job that is not
+running — pending, configuring, requeued, completing — already is being restarted:
+no second restart is started (the rail "none while a restart is in progress", asked of
+the scheduler rather than the clock).
 
 >>> from sinks.actuator.config import CommandSettings, RestartSettings
 >>> from streams.commands import IsolationCommand
@@ -60,6 +65,10 @@ from streams.commands import IsolationCommand
 __all__ = ["CommandRestarter", "parse_job_ids", "slurm_restarter"]
 
 _JOBID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+#: Slurm job states of a job that is on its way (back) to running.
+BUSY_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING"}
+)
 
 
 def parse_job_ids(stdout: str) -> list[str]:
@@ -118,13 +127,18 @@ class CommandRestarter:
                     "e.g. 'slurm-(?P<jobid>[0-9]+)'"
                 )
         self.lookup = CommandTemplate(settings.jobid_lookup) if settings.jobid_lookup else None
+        self.status = (
+            CommandTemplate(settings.status_template, extra=frozenset({"jobid"}))
+            if settings.status_template
+            else None
+        )
         if "jobid" in self.requeue.fields and self.regex is None and self.lookup is None:
             raise ActuatorConfigError(
                 "requeue_template uses {jobid}: set jobid_regex (--jobid-regex) or "
                 "jobid_lookup (--jobid-lookup, e.g. 'squeue -h -w {host} -n {job} -o %i')"
             )
         if check_programs:
-            for t in (self.requeue, self.lookup):
+            for t in (self.requeue, self.lookup, self.status):
                 if t is not None and shutil.which(t.argv[0]) is None:
                     raise ActuatorConfigError(
                         f"program {t.argv[0]!r} of a restart template is not on PATH"
@@ -185,6 +199,8 @@ class CommandRestarter:
             description=f"command: run {shlex.join(argv)} ({how}; no shell, "
             f"timeout {self.timeout_s:g}s)",
             argv=tuple(argv),
+            extra={"jobid": jobid} if jobid else {},
+            cmd=cmd,
         )
 
     def _run(self, what: str, argv: list[str]) -> str:
@@ -197,8 +213,16 @@ class CommandRestarter:
         return ran.stdout
 
     def in_progress(self, plan: RestartPlan) -> str | None:
-        # The lookup already asks the scheduler what runs on the node; a requeued job
-        # is no longer there. Time-based in_progress_s covers the rest.
+        # Without a status template: the lookup already asks the scheduler what runs on
+        # the node (a requeued job is no longer there); in_progress_s covers the rest.
+        jobid = plan.extra.get("jobid")
+        if self.status is None or not jobid or plan.cmd is None:
+            return None
+        out = self._run("job state", self.status.render(plan.cmd, jobid=jobid))
+        states = {line.strip().upper() for line in out.splitlines() if line.strip()}
+        busy = sorted(states & BUSY_STATES)
+        if busy:
+            return f"job {jobid} is {', '.join(busy)}: a restart is in progress"
         return None
 
     def restart(self, plan: RestartPlan) -> ActionOutcome:
@@ -221,6 +245,8 @@ def slurm_restarter(
         defaults["requeue_template"] = f"{scontrol} requeue {{jobid}}"
     if settings.jobid_lookup is None and settings.jobid_regex is None:
         defaults["jobid_lookup"] = f"{shlex.quote(squeue)} -h -w {{host}} -n {{job}} -o %i"
+    if settings.status_template is None:
+        defaults["status_template"] = f"{shlex.quote(squeue)} -h -j {{jobid}} -o %T"
     env = {**os.environ, "SLURM_CONF": slurm.slurm_conf} if slurm.slurm_conf else None
     return CommandRestarter(
         CommandSettings(timeout_s=slurm.timeout_s),

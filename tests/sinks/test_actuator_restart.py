@@ -344,6 +344,14 @@ def test_make_restarter_per_backend_and_the_cli_flags() -> None:
     assert isinstance(slurm, CommandRestarter)
     assert slurm.requeue.argv == ["sudo", "-n", "scontrol", "requeue", "{jobid}"]
     assert slurm.lookup is not None and slurm.lookup.argv[:3] == ["squeue", "-h", "-w"]
+    assert slurm.status is not None and slurm.status.argv == [
+        "squeue",
+        "-h",
+        "-j",
+        "{jobid}",
+        "-o",
+        "%T",
+    ]
     with pytest.raises(ActuatorConfigError, match="requeue_template"):
         make_restarter(ActuatorConfig(backend="command", restart=on))
     # every restart flag maps onto a [actuator.restart] key
@@ -351,7 +359,7 @@ def test_make_restarter_per_backend_and_the_cli_flags() -> None:
     ctx = root.make_context("c4stream", ["actuate"], resilient_parsing=True)
     params = {p.name for p in root.get_command(ctx, "actuate").params}  # type: ignore[attr-defined]
     restart_flags = {k: v for k, v in _FLAG_KEYS.items() if v.startswith("restart.")}
-    assert set(restart_flags) <= params and len(restart_flags) == 9
+    assert set(restart_flags) <= params and len(restart_flags) == 10
     for key in restart_flags.values():
         assert key.split(".", 1)[1] in RestartSettings.__struct_fields__
 
@@ -365,3 +373,21 @@ def test_restart_log_prunes_old_rows_on_open(tmp_path: Path) -> None:
         rl.record("new", job="j", host="h", target="2", status="done", detail="", cmd_ts_us=1)
     with RestartLog(path, retention_days=30) as rl:
         assert [e.id for e in rl.entries()] == ["new"]
+
+
+@pytest.mark.parametrize(("state", "restarted"), [("PENDING", False), ("RUNNING", True)])
+def test_the_schedulers_job_state_tells_a_restart_in_progress(
+    slurm: Slurmish, tmp_path: Path, state: str, restarted: bool
+) -> None:
+    state_file = tmp_path / "state"
+    state_file.write_text(state + "\n")
+    status = f"{slurm._prog(slurm.squeue, state_file, slurm.lookups)} -h -j {{jobid}} -o %T"
+    with Ledger(slurm.ledger) as led, RestartLog(slurm.ledger) as rl:
+        actuator(slurm, led, rl, status_template=status).handle(command())
+        [row] = rl.entries()
+    assert ["-h", "-j", "4242", "-o", "%T"] in slurm.read(slurm.lookups)
+    if restarted:
+        assert row.status == "done" and slurm.requeues() == [["requeue", "4242"]]
+    else:
+        assert row.status == "skipped" and "job 4242 is PENDING" in row.detail
+        assert slurm.requeues() == []

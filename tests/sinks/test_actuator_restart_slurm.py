@@ -4,7 +4,9 @@ A batch job runs on the node that gets drained; the isolation command comes thro
 Kafka twice (a redelivery). The actuator drains the node with the Slurm backend, finds
 the job with ``squeue -w <node> -n <job>`` and requeues it with ``scontrol requeue``:
 once. The redelivered command, and the whole topic read again by a restarted actuator
-(a new consumer group, as if the offsets were lost), requeue nothing more.
+(a new consumer group, as if the offsets were lost), requeue nothing more. Two more
+faults of the job, with the clock rail off, are refused by what the real scheduler
+says: the requeued job no longer runs on the node (lookup), and it is PENDING (state).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 from confluent_kafka import Producer
 
 from c4base.kafka import KafkaConfig
 from sinks.actuator.config import ActuatorConfig, RestartSettings, SlurmSettings
-from sinks.actuator.consumer import run
+from sinks.actuator.consumer import Actuator, run
 from sinks.actuator.ledger import Ledger
 from sinks.actuator.restart import RestartHook, RestartLog
 from sinks.actuator.restart_command import slurm_restarter
@@ -110,4 +113,28 @@ def test_the_job_on_the_drained_node_is_requeued_once(
     produce(kafka_bootstrap, topics["isolations"], [encode_command(cmd)])
     decisions, received = actuate("actuator-2")
     assert received == 3 and decisions == {"duplicate": 3}, decisions
+    assert c.job(job)["Restarts"] == "1"
+
+    # More faults of the same job while it waits to run again, with the time rail off
+    # (in_progress_s 0): the scheduler's own answers stop a second requeue.
+    rs = RestartSettings(jobs=("llm-*", "slurm-*"), execute=True, in_progress_s=0)
+    cfg = ActuatorConfig(
+        backend="slurm", execute=True, slurm=SlurmSettings(slurm_conf=str(c.conf)), restart=rs
+    )
+    with Ledger(ledger) as led, RestartLog(ledger) as rl:
+        hook = RestartHook(rs, slurm_restarter(cfg.slurm, rs, check_programs=True), rl)
+        act = Actuator(cfg, SlurmBackend(cfg.slurm), led, restart=hook)
+        # found by name on the node: the requeued job is not there any more
+        h = act.handle(msgspec.structs.replace(cmd, id="c4-slurm-2"))
+        assert h.status == "done", h  # the node stays drained by c4stream
+        second = rl.get("c4-slurm-2")
+        assert second is not None and second.status == "skipped"
+        assert f"no job named '{JOB}' runs on {node}" in second.detail
+        # the job id in the telemetry's job name: squeue -j says PENDING
+        regex = msgspec.structs.replace(rs, jobid_regex=r"slurm-(?P<jobid>[0-9]+)")
+        act.restart = RestartHook(regex, slurm_restarter(cfg.slurm, regex, check_programs=True), rl)
+        act.handle(msgspec.structs.replace(cmd, id="c4-slurm-3", job=f"slurm-{job}"))
+        third = rl.get("c4-slurm-3")
+        assert third is not None and third.status == "skipped"
+        assert f"job {job} is PENDING: a restart is in progress" in third.detail
     assert c.job(job)["Restarts"] == "1"
