@@ -43,7 +43,7 @@ from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.ledger import Ledger, Status
 from sinks.actuator.outcomes import ActionReport, OutcomePublisher, new_report, outcome_of
 from sinks.actuator.policy import Decision, decide
-from sinks.actuator.restart import RestartHook
+from sinks.actuator.restart import RestartHook, RestartInterrupted
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
 __all__ = ["Actuator", "DeadLetterError", "Handled", "Interrupted", "RunStats", "run"]
@@ -326,7 +326,7 @@ def run(
                     observe_latency(metrics, STAGE, ts_us=cmd.ts_us)
                 try:
                     handled = actuator.handle(cmd)
-                except Interrupted as stopped:
+                except (Interrupted, RestartInterrupted) as stopped:
                     log.warning("%s; not committed, it will be delivered again", stopped)
                     break
                 stats.count(handled)

@@ -52,6 +52,7 @@ from typing import Literal, Protocol, Self
 from sinks.actuator.backends import (
     ActionOutcome,
     ActuatorConfigError,
+    ActuatorError,
     PermanentActionError,
     TransientActionError,
 )
@@ -61,6 +62,7 @@ from streams.commands import IsolationCommand
 
 __all__ = [
     "RestartEntry",
+    "RestartInterrupted",
     "RestartHook",
     "RestartLog",
     "RestartPlan",
@@ -105,6 +107,12 @@ ON CONFLICT (id) DO UPDATE SET
     status     = CASE WHEN status IN ('done', 'skipped') THEN status ELSE excluded.status END,
     updated_us = excluded.updated_us
 """
+
+
+class RestartInterrupted(ActuatorError):
+    """Asked to stop while retrying a restart: neither the restart nor the isolation is
+    recorded or committed, so the command is delivered again after the restart of the
+    actuator (the isolation repeats safely, the restart is tried again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,7 +406,7 @@ class RestartHook:
                 pause = self.retry_backoff_s * 2 ** (attempt - 1) * random.uniform(0.8, 1.2)
                 log.warning("RESTART RETRY %s in %.1fs: %s", tag, pause, err)
                 if self.stop.wait(pause):
-                    return RestartResult("failed", f"stopped while retrying: {err}", plan.target)
+                    raise RestartInterrupted(f"stopped while retrying the restart {tag}") from err
             else:
                 log.info("RESTARTED %s: %s", tag, out.detail)
                 return RestartResult("done", out.detail, plan.target)

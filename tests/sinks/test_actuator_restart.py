@@ -29,7 +29,7 @@ from sinks.actuator.config import (
 )
 from sinks.actuator.consumer import Actuator
 from sinks.actuator.ledger import Ledger
-from sinks.actuator.restart import RestartHook, RestartLog
+from sinks.actuator.restart import RestartHook, RestartInterrupted, RestartLog
 from sinks.actuator.restart_command import CommandRestarter
 from streams.commands import IsolationCommand
 
@@ -391,3 +391,15 @@ def test_the_schedulers_job_state_tells_a_restart_in_progress(
     else:
         assert row.status == "skipped" and "job 4242 is PENDING" in row.detail
         assert slurm.requeues() == []
+
+
+def test_a_stop_while_retrying_the_restart_records_nothing(slurm: Slurmish) -> None:
+    with Ledger(slurm.ledger) as led, RestartLog(slurm.ledger) as rl:
+        act = actuator(slurm, led, rl, requeue_template=slurm.requeue("fail"))
+        assert act.restart is not None
+        act.restart.retry_backoff_s = 5.0
+        act.restart.stop.set()  # SIGTERM arrived: the first back-off returns at once
+        with pytest.raises(RestartInterrupted):
+            act.handle(command())
+        assert rl.entries() == [] and led.get("c4-1") is None  # delivered again later
+    assert len(slurm.requeues()) == 1
