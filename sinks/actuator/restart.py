@@ -29,7 +29,8 @@ The rails, in the order they apply:
 
 In a dry run the rails count dry-run restarts as if they had happened, so the log shows
 what a real run would do (the second fault of a job within ``in_progress_s`` is
-``skipped``); a real run counts only real restarts.
+``dry_skipped``); a real run counts only real restarts, and nothing a dry run recorded
+blocks it.
 
 The restart log is a table of the actuator's ledger file (SQLite, ``synchronous=FULL``),
 written before the isolation's own ledger row: a crash between the two repeats the
@@ -73,7 +74,9 @@ __all__ = [
 
 log = logging.getLogger("c4stream.actuator.restart")
 
-RestartStatus = Literal["done", "dry_run", "skipped", "failed"]
+RestartStatus = Literal["done", "dry_run", "dry_skipped", "skipped", "failed"]
+"""``dry_skipped``: a dry run whose rails would have skipped the restart (not final:
+a dry run never blocks a later real run; not counted as a restart by the rails)."""
 _FINAL = ("done", "skipped")
 _ISOLATING = ("cordon", "cordon_and_taint")
 _HOUR_US = 3_600_000_000
@@ -187,23 +190,29 @@ class RestartLog:
         except sqlite3.Error as err:
             raise LedgerError(f"cannot write the restart log in {self.path}: {err}") from err
 
-    def count(self, job: str, *, since_us: int, statuses: tuple[str, ...]) -> int:
-        """Restarts of ``job`` issued at or after ``since_us`` with one of ``statuses``."""
+    def count(
+        self, job: str, *, since_us: int, statuses: tuple[str, ...], exclude: str = ""
+    ) -> int:
+        """Restarts of ``job`` issued at or after ``since_us`` with one of ``statuses``,
+        other than the fault ``exclude``."""
         marks = ",".join("?" * len(statuses))
         row = self._db.execute(
-            "SELECT COUNT(*) FROM restarts WHERE job = ? AND first_us >= ? "
+            "SELECT COUNT(*) FROM restarts WHERE job = ? AND first_us >= ? AND id != ? "
             f"AND status IN ({marks})",
-            (job, since_us, *statuses),
+            (job, since_us, exclude, *statuses),
         ).fetchone()
         return int(row[0])
 
-    def last(self, job: str, *, statuses: tuple[str, ...]) -> RestartEntry | None:
-        """The job's most recently issued restart with one of ``statuses``."""
+    def last(
+        self, job: str, *, statuses: tuple[str, ...], exclude: str = ""
+    ) -> RestartEntry | None:
+        """The job's most recently issued restart with one of ``statuses``, other than
+        the fault ``exclude`` (its own earlier dry run is not a restart in progress)."""
         marks = ",".join("?" * len(statuses))
         row = self._db.execute(
-            f"SELECT * FROM restarts WHERE job = ? AND status IN ({marks}) "
+            f"SELECT * FROM restarts WHERE job = ? AND id != ? AND status IN ({marks}) "
             "ORDER BY first_us DESC LIMIT 1",
-            (job, *statuses),
+            (job, exclude, *statuses),
         ).fetchone()
         return RestartEntry(*row) if row else None
 
@@ -331,6 +340,8 @@ class RestartHook:
         now = now_us if now_us is not None else time.time_ns() // 1000
         dry = decision == "dry_run" or not self.s.execute
         result = self._decide(cmd, dry=dry, now_us=now)
+        if dry and result.status == "skipped":  # what a real run would do; never final
+            result = RestartResult("dry_skipped", f"would skip: {result.detail}", result.target)
         self.restarts.record(
             cmd.id,
             job=cmd.job,
@@ -346,7 +357,7 @@ class RestartHook:
     def _decide(self, cmd: IsolationCommand, *, dry: bool, now_us: int) -> RestartResult:
         tag = f"{cmd.id} (job {cmd.job}, host {cmd.host})"
         counted = ("done", "dry_run") if dry else ("done",)
-        last = self.restarts.last(cmd.job, statuses=counted)
+        last = self.restarts.last(cmd.job, statuses=counted, exclude=cmd.id)
         if last is not None and now_us - last.first_us < self.s.in_progress_s * 1e6:
             ago = (now_us - last.first_us) / 1e6
             why = (
@@ -355,7 +366,9 @@ class RestartHook:
             )
             log.warning("RESTART SKIPPED %s: %s", tag, why)
             return RestartResult("skipped", why, last.target)
-        n = self.restarts.count(cmd.job, since_us=now_us - _HOUR_US, statuses=counted)
+        n = self.restarts.count(
+            cmd.job, since_us=now_us - _HOUR_US, statuses=counted, exclude=cmd.id
+        )
         if n >= self.s.max_per_hour:
             why = (
                 f"job {cmd.job} was restarted {n} times in the last hour "

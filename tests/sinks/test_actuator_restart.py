@@ -211,7 +211,15 @@ def test_dry_run_describes_the_exact_requeue_and_counts_for_the_rails(slurm: Slu
         # a second fault of the job right after: a real run would be in progress
         assert act.handle(command(id="c4-2", host="node018")).status == "done"
         second = rl.get("c4-2")
-        assert second is not None and second.status == "skipped"
+        assert second is not None and second.status == "dry_skipped"
+        assert second.detail.startswith("would skip: a restart of job llm-70b is in progress")
+        # the same fault delivered again in dry run: described again, not "in progress"
+        # because of its own earlier dry run
+        act.ledger = Ledger(slurm.ledger.with_name("again.sqlite3"))
+        act.handle(command())
+        act.ledger.close()
+        assert rl.get("c4-1").status == "dry_run"  # type: ignore[union-attr]
+        assert rl.get("c4-1").deliveries == 2  # type: ignore[union-attr]
         # the same fault delivered again to a restart-executing actuator acts
         act.restart = RestartHook(
             settings(slurm),
