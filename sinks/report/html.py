@@ -39,6 +39,13 @@ class LoopStep:
 
 
 _STAGE_MARK = {"isolate": "s", "restart": "^"}
+_STEP_COLORS = {
+    "done": "#2ca02c",
+    "dry_run": "#7f7f7f",
+    "dry_skipped": "#bcbcbc",
+    "skipped": "#ff7f0e",
+    "failed": "#d62728",
+}
 _STAGE_Y = {"isolate": 0.12, "restart": 0.28}  # just above the host's line, in order
 
 _FAULT_COLORS = {
@@ -128,7 +135,7 @@ def _timeline(
         x = (step.ts_us - t0_us) / 1e6
         y = idx[step.host] + _STAGE_Y[step.stage]
         done = step.status == "done"
-        color = "#2ca02c" if done else ("#7f7f7f" if step.status == "dry_run" else "#d62728")
+        color = _STEP_COLORS.get(step.status, "#d62728")
         ax.scatter(
             x,
             y,
