@@ -277,6 +277,9 @@ def actuate(
     signal.signal(signal.SIGINT, on_signal)
     try:
         be = make_backend(cfg)
+        if cfg.execute and cfg.check_at_start:
+            for line in be.check():  # fail before consuming, not on the first command
+                svc.log.info("check: %s", line)
         restarter = make_restarter(cfg)
         with (
             Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led,

@@ -146,6 +146,9 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     backend: Literal["kubernetes", "command", "slurm"] = "kubernetes"
     execute: bool = False
     """False (the default): log exactly what would be done, do nothing."""
+    check_at_start: bool = True
+    """With ``execute``: run the backend's check (what ``--check`` prints) before
+    consuming, and stop with status 2 if it fails."""
     deny: tuple[str, ...] = ()
     """Hosts never acted on; shell-style patterns (``login-*``), case-insensitive. They
     are matched against the host as the command names it and against its node name."""

@@ -20,7 +20,7 @@ from sinks.alert.samples import sample_notification
 alert_app = typer.Typer(
     help=(
         "Post isolation commands and verdicts to ops chat (Slack, Mattermost, Teams, "
-        "DingTalk, Feishu/Lark, Discord, Alertmanager webhook). "
+        "DingTalk, Feishu/Lark, Discord, Alertmanager API or webhook format). "
         "Run: c4stream alert --bootstrap HOST:PORT --config alert.toml · "
         "check destinations: c4stream alert test --config alert.toml"
     ),

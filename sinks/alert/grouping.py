@@ -186,6 +186,9 @@ class Grouper:
         self.stats = GroupingStats()
         # Least recently seen first, so expiry and eviction pop from the front.
         self._groups: OrderedDict[str, _Group] = OrderedDict()
+        # Actuator outcomes that arrived before their alert opened: key -> (outcome,
+        # detail, dry_run, arrival).
+        self._pending: OrderedDict[str, tuple[str, str, bool, float]] = OrderedDict()
 
     def __len__(self) -> int:
         """Open alerts."""
@@ -214,6 +217,10 @@ class Grouper:
                 faults=[],
             )
             g.absorb(o, now)
+            early = self._pending.pop(key, None)
+            if early is not None and now - early[3] < self.resolve_timeout_s:
+                g.outcome, g.outcome_detail = early[0], early[1]
+                g.dry_run = True if early[2] else g.dry_run
             self._groups[key] = g
             self.stats.opened += 1
             out.append(self._firing(g))
@@ -243,8 +250,15 @@ class Grouper:
         self, job: str, host: str, outcome: str, detail: str, dry_run: bool, now: float
     ) -> list[Notification]:
         """Join the actuator's report to the open alert of ``job/host`` (if any)."""
-        g = self._groups.get(f"{job}/{host}")
+        key = f"{job}/{host}"
+        g = self._groups.get(key)
         if g is None:
+            # Read before its command (two topics, no order between them): kept for a
+            # while and applied when the alert opens. Bounded like the groups.
+            self._pending[key] = (outcome, detail, dry_run, now)
+            self._pending.move_to_end(key)
+            while len(self._pending) > self.max_groups:
+                self._pending.popitem(last=False)
             return []
         changed = (g.outcome, g.outcome_detail) != (outcome, detail)
         g.outcome, g.outcome_detail = outcome, detail

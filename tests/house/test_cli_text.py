@@ -56,6 +56,7 @@ def test_bad_input_lines_are_never_wrapped(tmp_path: Path) -> None:
 
 def test_demo_tables_name_components_whole_at_80_columns() -> None:
     """Issue 9, defect 7: the decision table showed "1" for mlx5_1 and "5" for GPU 5."""
+
     def cmd(i: int, **kw: object) -> IsolationCommand:
         return IsolationCommand(
             id=f"c{i}", ts_us=10_000_000 + i, job="j", host="node-012", action="cordon",

@@ -235,3 +235,19 @@ def test_the_service_stops_non_zero_as_a_non_admin_and_acts_after_the_fix(
     assert c.node("node-002")["Reason"].startswith("c4stream c4-7:")
     [msg] = consume(kafka_bootstrap, topics["actions"], expect=1)
     assert b'"status":"done"' in msg.value() and b'"node":"node-002"' in msg.value()
+
+
+def test_actuate_check_on_the_command_line(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "c4stream", "actuate", "--backend", "slurm",
+         "--slurm-conf", str(slurm_cluster.conf), "--check"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "is UP" in ok.stdout and "backend slurm ok" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "c4stream", "actuate", "--backend", "slurm",
+         "--slurm-conf", str(tmp_path / "missing.conf"), "--check"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "FAILED" in bad.stderr and "does not exist" in bad.stderr
