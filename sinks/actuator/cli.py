@@ -272,6 +272,12 @@ def actuate(
             typer.echo(f"c4stream actuate --check: FAILED: {err}", err=True)
             raise typer.Exit(2) from None
         typer.echo(f"c4stream actuate --check: backend {be.name} ok")
+        try:
+            restarter = make_restarter(cfg, check_programs=True)
+        except ActuatorError as err:
+            typer.echo(f"c4stream actuate --check: restart FAILED: {err}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"c4stream actuate --check: {restart_summary(cfg, restarter)}")
         return
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -357,17 +363,31 @@ def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> 
     return KubernetesBackend(cfg.kubernetes, client)
 
 
-def make_restarter(cfg: ActuatorConfig) -> Restarter | None:
-    """The restarter of the configured backend; None when no job is to be restarted."""
+def make_restarter(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> Restarter | None:
+    """The restarter of the configured backend; None when no job is to be restarted.
+    With --execute and --restart-execute (or ``check_programs``) its programs must exist."""
     if not cfg.restart.jobs:
         return None
-    live = cfg.execute and cfg.restart.execute
+    live = (cfg.execute and cfg.restart.execute) if check_programs is None else check_programs
     if cfg.backend == "command":
         return CommandRestarter(cfg.command, cfg.restart, check_programs=live)
     if cfg.backend == "slurm":
         return slurm_restarter(cfg.slurm, cfg.restart, check_programs=live)
     client = load_api_client(cfg.kubernetes) if cfg.execute else None
     return KubernetesRestarter(cfg.restart, cfg.kubernetes, client)
+
+
+def restart_summary(cfg: ActuatorConfig, restarter: Restarter | None) -> str:
+    """One line for ``--check``: whether and how jobs are restarted after an isolation."""
+    r = cfg.restart
+    if restarter is None:
+        return "restart after isolation: off ([actuator.restart] jobs is empty)"
+    mode = "executes" if cfg.execute and r.execute else "dry run"
+    return (
+        f"restart after isolation: jobs {', '.join(r.jobs)} via {restarter.name} ({mode}); "
+        f"at most {r.max_per_hour} per job per hour, none within {r.in_progress_s:g} s "
+        "of the last"
+    )
 
 
 actuate.__doc__ = _HELP

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from typer.main import get_command
+from typer.testing import CliRunner
 
 from c4stream.cli import app
 from sinks.actuator.backends import ActuatorConfigError
@@ -411,3 +412,18 @@ def test_a_stop_while_retrying_the_restart_records_nothing(slurm: Slurmish) -> N
             act.handle(command())
         assert rl.entries() == [] and led.get("c4-1") is None  # delivered again later
     assert len(slurm.requeues()) == 1
+
+
+def test_check_reports_the_restart_and_fails_on_a_missing_program(slurm: Slurmish) -> None:
+    base = ["actuate", "--backend", "command", "--command-template", slurm.drain(), "--check"]
+    off = CliRunner().invoke(app, base)
+    assert off.exit_code == 0, off.output
+    assert "restart after isolation: off" in off.output
+    on = [*base, "--restart-jobs", "llm-*", "--requeue-template", slurm.requeue()]
+    on += ["--jobid-lookup", slurm.lookup()]
+    ok = CliRunner().invoke(app, on)
+    assert ok.exit_code == 0, ok.output
+    assert "restart after isolation: jobs llm-* via command (dry run)" in ok.output
+    bad = CliRunner().invoke(app, [*on[:-1], "no-such-squeue -w {host}"])
+    assert bad.exit_code == 2
+    assert "restart FAILED" in bad.output and "no-such-squeue" in bad.output
