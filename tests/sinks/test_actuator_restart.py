@@ -32,6 +32,7 @@ from sinks.actuator.consumer import Actuator
 from sinks.actuator.ledger import Ledger
 from sinks.actuator.restart import RestartHook, RestartInterrupted, RestartLog
 from sinks.actuator.restart_command import CommandRestarter
+from sinks.actuator.restart_kubernetes import KubernetesRestarter
 from streams.commands import IsolationCommand
 
 pytestmark = pytest.mark.timeout(30)
@@ -363,6 +364,15 @@ def test_make_restarter_per_backend_and_the_cli_flags() -> None:
     ]
     with pytest.raises(ActuatorConfigError, match="requeue_template"):
         make_restarter(ActuatorConfig(backend="command", restart=on))
+    kube = make_restarter(ActuatorConfig(backend="kubernetes", restart=on))
+    assert isinstance(kube, KubernetesRestarter) and kube._core is None  # dry run: no cluster
+    with pytest.raises(ActuatorConfigError, match="must name"):
+        make_restarter(
+            ActuatorConfig(
+                backend="kubernetes",
+                restart=RestartSettings(jobs=("x",), pod_selector="app=trainer"),
+            )
+        )
     # every restart flag maps onto a [actuator.restart] key
     root = get_command(app)
     ctx = root.make_context("c4stream", ["actuate"], resilient_parsing=True)
