@@ -74,7 +74,8 @@ def detect(
     traces: Annotated[
         list[Path],
         typer.Argument(
-            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps."
+            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps "
+            "(a directory per snapshot: every rank's dump of one moment)."
         ),
     ],
     out: Annotated[
@@ -92,7 +93,8 @@ def detect(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary table.")] = False,
 ) -> None:
-    """Run the detection core over recorded traces, in event time, without Kafka."""
+    """Run the detection core over recorded traces, in event time, without Kafka;
+    Flight Recorder snapshots are judged as a whole."""
     policy = PolicyConfig(dry_run=not no_dry_run, deny_hosts=list(deny or []), job_hosts=job_hosts)
     shown = 0
 

@@ -41,6 +41,7 @@ from producers.exporter.publisher import Publisher, PublisherConfig, PublisherSt
 from producers.exporter.tail import DirectoryTailer, Line, ReadPosition
 from producers.formats.inspector import (
     InspectorError,
+    InspectorStatsRecord,
     inspector_job_from_dir,
     parse_inspector_line,
 )
@@ -188,6 +189,8 @@ class Exporter:
             if line.error is not None:
                 raise InspectorError(line.error)
             ev = parse_inspector_line(line.raw, job=self.job)
+        except InspectorStatsRecord:
+            return  # per-dump statistics (format v4.2): no event, and nothing lost
         except InspectorError as err:
             unit = _Unit(
                 self.config.deadletter_topic,

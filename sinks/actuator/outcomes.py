@@ -59,8 +59,8 @@ class ReportDecodeError(ValueError):
     """A record on the actions topic is not an :class:`ActionReport`."""
 
 
-class ActionReport(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One handled command (``c4.actions``, version 1)."""
+class ActionReport(msgspec.Struct, kw_only=True):
+    """One handled command (``c4.actions`` v1: sinks/contracts/action-report.schema.json)."""
 
     v: Literal[1] = 1
     kind: Literal["action"] = "action"
