@@ -16,10 +16,27 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from c4base.config import flag_overrides, load_section
-from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.cli_options import (
+    Bootstrap,
+    BrokerTimeout,
+    Group,
+    InstanceId,
+    Key,
+    LogJson,
+    LogLevel,
+    MetricsHost,
+    MetricsPort,
+    StatusFile,
+    TopicPrefix,
+    config_file,
+    fail,
+    given,
+)
+from c4base.config import load_section
+from c4base.runtime import FatalError
+from c4base.service import start_service
 from c4base.settings_loader import SettingsError
-from sinks.actuator.backends import ActuatorError
+from sinks.actuator.backends import ActuatorConfigError, ActuatorError
 from sinks.actuator.command_backend import CommandBackend
 from sinks.actuator.config import ACTUATOR_SECTION, DEFAULT_LEDGER, ActuatorConfig
 from sinks.actuator.consumer import run
@@ -33,7 +50,9 @@ from sinks.actuator.slurm_backend import SlurmBackend
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
 
-__all__ = ["actuate", "make_backend", "make_restarter"]
+ConfigFile = config_file("[kafka], [actuator]")
+
+__all__ = ["actuate", "make_backend", "make_restarter", "restart_summary"]
 
 _HELP = (
     "Act on isolation commands from c4.isolations: cordon and taint Kubernetes nodes, "
@@ -69,19 +88,17 @@ class Effect(enum.StrEnum):
 
 def actuate(
     ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="c4stream.toml ([kafka], [actuator]); flags win over it."),
-    ] = None,
-    bootstrap: Annotated[
-        str, typer.Option("--bootstrap", "-b", help="Kafka bootstrap; KAFKA_BOOTSTRAP overrides.")
-    ] = "127.0.0.1:9092",
-    backend: Annotated[BackendName, typer.Option("--backend")] = BackendName.kubernetes,
+    config: ConfigFile = None,
+    bootstrap: Bootstrap = None,
+    backend: Annotated[
+        BackendName, typer.Option("--backend"), Key("backend")
+    ] = BackendName.kubernetes,
     execute: Annotated[
         bool,
         typer.Option(
             "--execute", help="Really act. Without it: log what would be done, do nothing."
         ),
+        Key("execute"),
     ] = False,
     deny: Annotated[
         list[str] | None,
@@ -89,6 +106,7 @@ def actuate(
             "--deny",
             help="Host never acted on; shell patterns allowed (login-*); repeat or comma-separate.",
         ),
+        Key("deny"),
     ] = None,
     ledger: Annotated[
         Path,
@@ -96,6 +114,7 @@ def actuate(
             "--ledger",
             help="SQLite file of command ids already acted on (keep it on a persistent disk).",
         ),
+        Key("ledger_path"),
     ] = Path(DEFAULT_LEDGER),
     command_template: Annotated[
         str | None,
@@ -104,25 +123,31 @@ def actuate(
             help="Command backend: argv template for cordon/cordon_and_taint; placeholders "
             "{host} {reason} {fault} {gpu} {nic} {id} {job} {action} {peer_host} {confidence}.",
         ),
+        Key("command.template"),
     ] = None,
     restart_command_template: Annotated[
         str | None,
         typer.Option(
             "--restart-command-template", help="Command backend: template for restart_job."
         ),
+        Key("command.restart_template"),
     ] = None,
     command_timeout: Annotated[
-        float, typer.Option("--command-timeout", help="Seconds before a command is killed.")
+        float,
+        typer.Option("--command-timeout", help="Seconds before a command is killed."),
+        Key("command.timeout_s"),
     ] = 30.0,
     slurm_conf: Annotated[
         str | None,
         typer.Option("--slurm-conf", help="Slurm backend: slurm.conf for scontrol (SLURM_CONF)."),
+        Key("slurm.slurm_conf"),
     ] = None,
     strip_domain: Annotated[
         bool,
         typer.Option(
             "--strip-domain", help="Node name = host name up to the first dot (n5.example → n5)."
         ),
+        Key("strip_domain"),
     ] = False,
     node_regex: Annotated[
         str | None,
@@ -131,6 +156,7 @@ def actuate(
             help="Regex searched in the host name; its group 'node' (or first group) is the "
             "node name.",
         ),
+        Key("node_regex"),
     ] = None,
     check: Annotated[
         bool,
@@ -141,24 +167,34 @@ def actuate(
         ),
     ] = False,
     kubeconfig: Annotated[
-        str | None, typer.Option("--kubeconfig", help="Default: $KUBECONFIG or ~/.kube/config.")
+        str | None,
+        typer.Option("--kubeconfig", help="Default: $KUBECONFIG or ~/.kube/config."),
+        Key("kubernetes.kubeconfig"),
     ] = None,
-    context: Annotated[str | None, typer.Option("--context", help="kubeconfig context.")] = None,
+    context: Annotated[
+        str | None, typer.Option("--context", help="kubeconfig context."), Key("kubernetes.context")
+    ] = None,
     in_cluster: Annotated[
         bool,
         typer.Option(
             "--in-cluster", help="Use the pod's service account (compose/k8s/rbac-actuator.yaml)."
         ),
+        Key("kubernetes.in_cluster"),
     ] = False,
-    taint_key: Annotated[str, typer.Option("--taint-key")] = "c4stream.io/fault",
+    taint_key: Annotated[
+        str, typer.Option("--taint-key"), Key("kubernetes.taint_key")
+    ] = "c4stream.io/fault",
     cordon_and_taint_effect: Annotated[
         Effect,
         typer.Option(
             "--cordon-and-taint-effect",
             help="Taint effect for cordon_and_taint (cordon uses NoSchedule).",
         ),
+        Key("kubernetes.cordon_and_taint_effect"),
     ] = Effect.NoExecute,
-    event_namespace: Annotated[str, typer.Option("--event-namespace")] = "default",
+    event_namespace: Annotated[
+        str, typer.Option("--event-namespace"), Key("kubernetes.event_namespace")
+    ] = "default",
     restart_jobs: Annotated[
         list[str] | None,
         typer.Option(
@@ -166,17 +202,22 @@ def actuate(
             help="Restart these jobs (telemetry job names, shell patterns; repeat or "
             "comma-separate) once one of their hosts was isolated. Default: none.",
         ),
+        Key("restart.jobs"),
     ] = None,
     restart_execute: Annotated[
         bool,
         typer.Option("--restart-execute", help="Really restart (else: log what would be done)."),
+        Key("restart.execute"),
     ] = False,
     restart_max_per_hour: Annotated[
-        int, typer.Option("--restart-max-per-hour", help="Restarts per job per rolling hour.")
+        int,
+        typer.Option("--restart-max-per-hour", help="Restarts per job per rolling hour."),
+        Key("restart.max_per_hour"),
     ] = 2,
     restart_in_progress: Annotated[
         float,
         typer.Option("--restart-in-progress", help="Seconds a restart counts as in progress."),
+        Key("restart.in_progress_s"),
     ] = 900.0,
     requeue_template: Annotated[
         str | None,
@@ -185,6 +226,7 @@ def actuate(
             help="Command backend: argv template restarting the job, e.g. "
             "'scontrol requeue {jobid}' ({jobid} and the command placeholders).",
         ),
+        Key("restart.requeue_template"),
     ] = None,
     jobid_regex: Annotated[
         str | None,
@@ -193,6 +235,7 @@ def actuate(
             help="Scheduler job id from the telemetry job name: a regex with a group "
             "jobid, e.g. 'slurm-(?P<jobid>[0-9]+)'.",
         ),
+        Key("restart.jobid_regex"),
     ] = None,
     jobid_lookup: Annotated[
         str | None,
@@ -201,6 +244,7 @@ def actuate(
             help="Or ask the scheduler: argv template printing the job id, e.g. "
             "'squeue -h -w {host} -n {job} -o %i'.",
         ),
+        Key("restart.jobid_lookup"),
     ] = None,
     restart_status_template: Annotated[
         str | None,
@@ -209,44 +253,54 @@ def actuate(
             help="Command backend: argv template printing the job's Slurm state, e.g. "
             "'squeue -h -j {jobid} -o %T'; PENDING, REQUEUED… = a restart is in progress.",
         ),
+        Key("restart.status_template"),
     ] = None,
     restart_pod_selector: Annotated[
         str,
         typer.Option(
             "--restart-pod-selector", help="Kubernetes: label selector of the job's pods."
         ),
+        Key("restart.pod_selector"),
     ] = "job-name={job}",
     restart_namespace: Annotated[
-        str, typer.Option("--restart-namespace", help="Kubernetes: namespace of the job's pods.")
+        str,
+        typer.Option("--restart-namespace", help="Kubernetes: namespace of the job's pods."),
+        Key("restart.namespace"),
     ] = "default",
-    attempts: Annotated[int, typer.Option("--attempts", help="Tries of a failing action.")] = 3,
+    attempts: Annotated[
+        int, typer.Option("--attempts", help="Tries of a failing action."), Key("attempts")
+    ] = 3,
     retry_backoff: Annotated[
-        float, typer.Option("--retry-backoff", help="First retry pause, s.")
+        float, typer.Option("--retry-backoff", help="First retry pause, s."), Key("retry_backoff_s")
     ] = 1.0,
-    group: Annotated[
-        str, typer.Option("--group", help="Kafka consumer group.")
-    ] = "c4stream-actuator",
-    topic_prefix: Annotated[str, typer.Option("--topic-prefix")] = "",
-    isolations_topic: Annotated[str | None, typer.Option("--isolations-topic")] = None,
-    deadletter_topic: Annotated[str | None, typer.Option("--deadletter-topic")] = None,
+    group: Group = None,
+    instance_id: InstanceId = None,
+    broker_timeout: BrokerTimeout = None,
+    status_file: StatusFile = None,
+    topic_prefix: TopicPrefix = None,
+    isolations_topic: Annotated[
+        str | None, typer.Option("--isolations-topic"), Key("isolations")
+    ] = None,
+    deadletter_topic: Annotated[
+        str | None, typer.Option("--deadletter-topic"), Key("deadletter")
+    ] = None,
     exit_when_idle: Annotated[
         float | None,
         typer.Option("--exit-when-idle", help="Stop after this many seconds without a message."),
+        Key("exit_when_idle_s"),
     ] = None,
-    max_messages: Annotated[int | None, typer.Option("--max-messages")] = None,
+    max_messages: Annotated[int | None, typer.Option("--max-messages"), Key("max_messages")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
-    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
-    metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
-    ] = "127.0.0.1",
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
-    log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
+    log_level: LogLevel = None,
+    log_json: LogJson = False,
 ) -> None:
 
     # Flags given on the command line win over the file; the file over the defaults.
-    flags = flag_overrides(
+    flags = given(
         ctx,
-        _FLAG_KEYS,
+        actuate,
         deny=[h.strip() for d in deny or () for h in d.split(",") if h.strip()],
         restart_jobs=[j.strip() for r in restart_jobs or () for j in r.split(",") if j.strip()],
     )
@@ -256,8 +310,7 @@ def actuate(
         )
         cfg: ActuatorConfig = load_section("actuator", ACTUATOR_SECTION, config, overrides=flags)
     except SettingsError as err:
-        typer.echo(f"c4stream actuate: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail("actuate", err, 2)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -269,14 +322,12 @@ def actuate(
             for line in be.check():
                 typer.echo(line)
         except ActuatorError as err:
-            typer.echo(f"c4stream actuate --check: FAILED: {err}", err=True)
-            raise typer.Exit(2) from None
+            fail("actuate --check", f"FAILED: {err}", 2)
         typer.echo(f"c4stream actuate --check: backend {be.name} ok")
         try:
             restarter = make_restarter(cfg, check_programs=True)
         except ActuatorError as err:
-            typer.echo(f"c4stream actuate --check: restart FAILED: {err}", err=True)
-            raise typer.Exit(2) from None
+            fail("actuate --check", f"restart FAILED: {err}", 2)
         typer.echo(f"c4stream actuate --check: {restart_summary(cfg, restarter)}")
         return
     signal.signal(signal.SIGTERM, on_signal)
@@ -302,52 +353,14 @@ def actuate(
                     stop=stop,
                 )
             stats = run(cfg, be, led, stop=stop, metrics=svc.metrics, restart=hook)
-    except ActuatorError as err:
-        # Fatal for the service (permissions, configuration): stop loudly; the message
-        # at hand was not committed and is delivered again after the fix.
-        typer.echo(f"c4stream actuate: stopped: {err}", err=True)
-        raise typer.Exit(2) from None
+    except ActuatorConfigError as err:
+        # Permissions, configuration: fix and restart; the command at hand is delivered again.
+        fail("actuate", f"stopped: {err}", 2)
+    except FatalError as err:
+        # Fatal for the service (permissions, configuration, an undelivered dead letter,
+        # the broker gone): the message at hand was not committed; it is delivered again.
+        fail("actuate", f"stopped: {err}", 1)
     typer.echo(f"c4stream actuate: {stats}", err=True)
-
-
-#: Option parameter -> key of the [actuator] table.
-_FLAG_KEYS = {
-    "bootstrap": "kafka.bootstrap",
-    "topic_prefix": "kafka.topic_prefix",
-    "group": "group",
-    "backend": "backend",
-    "execute": "execute",
-    "deny": "deny",
-    "ledger": "ledger_path",
-    "attempts": "attempts",
-    "retry_backoff": "retry_backoff_s",
-    "exit_when_idle": "exit_when_idle_s",
-    "max_messages": "max_messages",
-    "isolations_topic": "isolations",
-    "deadletter_topic": "deadletter",
-    "kubeconfig": "kubernetes.kubeconfig",
-    "context": "kubernetes.context",
-    "in_cluster": "kubernetes.in_cluster",
-    "taint_key": "kubernetes.taint_key",
-    "cordon_and_taint_effect": "kubernetes.cordon_and_taint_effect",
-    "event_namespace": "kubernetes.event_namespace",
-    "command_template": "command.template",
-    "restart_command_template": "command.restart_template",
-    "command_timeout": "command.timeout_s",
-    "slurm_conf": "slurm.slurm_conf",
-    "strip_domain": "strip_domain",
-    "node_regex": "node_regex",
-    "restart_jobs": "restart.jobs",
-    "restart_execute": "restart.execute",
-    "restart_max_per_hour": "restart.max_per_hour",
-    "restart_in_progress": "restart.in_progress_s",
-    "requeue_template": "restart.requeue_template",
-    "jobid_regex": "restart.jobid_regex",
-    "jobid_lookup": "restart.jobid_lookup",
-    "restart_status_template": "restart.status_template",
-    "restart_pod_selector": "restart.pod_selector",
-    "restart_namespace": "restart.namespace",
-}
 
 
 def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> Backend:

@@ -50,6 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
+from c4base.runtime import TransientError
 from sinks.actuator.backends import (
     ActionOutcome,
     ActuatorConfigError,
@@ -112,7 +113,7 @@ ON CONFLICT (id) DO UPDATE SET
 """
 
 
-class RestartInterrupted(ActuatorError):
+class RestartInterrupted(ActuatorError, TransientError):
     """Asked to stop while retrying a restart: neither the restart nor the isolation is
     recorded or committed, so the command is delivered again after the restart of the
     actuator (the isolation repeats safely, the restart is tried again)."""

@@ -18,9 +18,10 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from c4base.cli_options import option_keys
 from c4stream.cli import app
 from sinks.actuator.backends import ActuatorConfigError
-from sinks.actuator.cli import _FLAG_KEYS, make_restarter
+from sinks.actuator.cli import actuate, make_restarter
 from sinks.actuator.command_backend import CommandBackend
 from sinks.actuator.config import (
     ActuatorConfig,
@@ -377,7 +378,7 @@ def test_make_restarter_per_backend_and_the_cli_flags() -> None:
     root = get_command(app)
     ctx = root.make_context("c4stream", ["actuate"], resilient_parsing=True)
     params = {p.name for p in root.get_command(ctx, "actuate").params}  # type: ignore[attr-defined]
-    restart_flags = {k: v for k, v in _FLAG_KEYS.items() if v.startswith("restart.")}
+    restart_flags = {k: v for k, v in option_keys(actuate).items() if v.startswith("restart.")}
     assert set(restart_flags) <= params and len(restart_flags) == 10
     for key in restart_flags.values():
         assert key.split(".", 1)[1] in RestartSettings.__struct_fields__
