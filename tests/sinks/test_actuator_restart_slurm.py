@@ -11,6 +11,7 @@ says: the requeued job no longer runs on the node (lookup), and it is PENDING (s
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,7 +90,9 @@ def test_the_job_on_the_drained_node_is_requeued_once(
             stats = run(cfg, SlurmBackend(cfg.slurm), led, restart=hook)
         return stats.by_decision, stats.received
 
-    decisions, received = actuate("actuator-1")
+    # Group names of its own: consumer groups are broker-wide, and another test's
+    # actuator in a group of the same name could be handed this test's partition.
+    decisions, received = actuate(f"restart-slurm-1-{uuid.uuid4().hex[:8]}")
     assert received == 2 and decisions == {"acted": 1, "duplicate": 1}, decisions
 
     state = c.node(node)
@@ -111,7 +114,7 @@ def test_the_job_on_the_drained_node_is_requeued_once(
 
     # One more delivery, then a restarted actuator reading the topic from the start.
     produce(kafka_bootstrap, topics["isolations"], [encode_command(cmd)])
-    decisions, received = actuate("actuator-2")
+    decisions, received = actuate(f"restart-slurm-2-{uuid.uuid4().hex[:8]}")
     assert received == 3 and decisions == {"duplicate": 3}, decisions
     assert c.job(job)["Restarts"] == "1"
 
