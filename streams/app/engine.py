@@ -12,7 +12,7 @@ from typing import Protocol
 
 from producers.events import Event
 from streams.commands import IsolationCommand
-from streams.core import CommDetector, HostCorrelator
+from streams.core import CommDetector, HostCorrelator, build_detectors
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.verdicts import Verdict
 
@@ -39,9 +39,15 @@ class Engine(Protocol):
     """Creates and restores detectors and correlators."""
 
     def new_detector(self, comm: str) -> DetectorLike: ...
-    def load_detector(self, comm: str, data: bytes) -> DetectorLike: ...
+    def load_detector(self, comm: str, data: bytes) -> DetectorLike:
+        """From checkpoint bytes (``to_bytes``); raises ``ValueError`` for bytes it will
+        not read (corrupt, foreign, a pickle): the caller dead-letters them."""
+        ...
+
     def new_correlator(self) -> CorrelatorLike: ...
-    def load_correlator(self, data: bytes) -> CorrelatorLike: ...
+    def load_correlator(self, data: bytes) -> CorrelatorLike:
+        """As :meth:`load_detector`, for a host correlator."""
+        ...
 
 
 class CoreEngine:
@@ -54,12 +60,16 @@ class CoreEngine:
     def __init__(self, detect: DetectConfig | None = None, policy: PolicyConfig | None = None):
         self.detect = detect or DetectConfig()
         self.policy = policy or PolicyConfig()
+        build_detectors(self.detect)  # e.g. params a river model does not take: say so now
 
     def new_detector(self, comm: str) -> DetectorLike:
         return CommDetector(comm, self.detect)
 
     def load_detector(self, comm: str, data: bytes) -> DetectorLike:
-        return CommDetector.from_bytes(data, self.detect)
+        det = CommDetector.from_bytes(data, self.detect)
+        if det.comm != comm:  # another key's state: refuse, as any foreign checkpoint
+            raise ValueError(f"a checkpoint of communicator {det.comm!r} under key {comm!r}")
+        return det
 
     def new_correlator(self) -> CorrelatorLike:
         return HostCorrelator(self.policy)
