@@ -81,6 +81,20 @@ class Metrics:
         self.actions = Counter(
             "c4stream_sink_actions", "Actions taken by sinks", ["stage", "outcome"], registry=r
         )
+        self.late_events = Counter(
+            "c4stream_late_events",
+            "Events behind the time their communicator was judged up to by more than the "
+            "allowed lateness (dead-lettered 'late by N s'), per job",
+            ["stage", "job"],
+            registry=r,
+        )
+        self.late_verdicts = Counter(
+            "c4stream_late_verdicts",
+            "Verdicts that came after their job's event-time watermark had passed them: "
+            "outcome=judged (within the allowed lateness) or deadlettered (beyond it)",
+            ["stage", "job", "outcome"],
+            registry=r,
+        )
         self.consumer_lag = Gauge(
             "c4stream_consumer_lag",
             "Messages not yet consumed",
@@ -148,6 +162,7 @@ class NullMetrics:
         self.events_in = self.messages_in = self.deadletters = null
         self.verdicts = self.isolations = self.actions = null
         self.consumer_lag = self.latency = null
+        self.late_events = self.late_verdicts = null
 
     def render(self) -> bytes:
         return b""

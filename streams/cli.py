@@ -139,6 +139,7 @@ def detect(
         Console(width=None if sys.stdout.isatty() else 200).print(summary_table(res))
     typer.echo(
         f"{len(res.commands)} command(s) -> {out}; {res.n_events} events, {res.n_bad} bad "
-        f"lines, {res.elapsed_s:.2f} s",
+        f"lines, {res.n_late} late events and {res.n_late_verdicts} late verdicts not "
+        f"judged, {res.elapsed_s:.2f} s",
         err=True,
     )

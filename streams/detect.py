@@ -49,6 +49,11 @@ class DetectResult:
     n_events: int = 0
     n_bad: int = 0
     n_verdicts: int = 0
+    n_late: int = 0
+    """Events not judged: more than the allowed lateness behind what their communicator
+    was already judged up to (the worker dead-letters the same)."""
+    n_late_verdicts: int = 0
+    """Verdicts the correlator did not judge, late beyond the allowed lateness."""
     n_communicators: int = 0
     elapsed_s: float = 0.0
     first_ts_us: int | None = None
@@ -116,6 +121,8 @@ def run_detect(
     res.commands = pipe.commands
     res.n_events = pipe.n_events
     res.n_verdicts = len(pipe.verdicts)
+    res.n_late = sum(n for _, _, n, _ in pipe.late_events)
+    res.n_late_verdicts = len(pipe.late)
     res.n_communicators = len(pipe.detectors) + len(pipe.snapshot_comms)
     res.elapsed_s = time.perf_counter() - t0
     return res
@@ -128,7 +135,9 @@ def summary_table(res: DetectResult):  # -> rich.table.Table (rich imported lazi
     t0 = res.first_ts_us or 0
     table = Table(
         title=f"c4stream detect: {len(res.commands)} command(s) from {res.n_events} events "
-        f"on {res.n_communicators} communicators ({res.n_bad} bad lines)",
+        f"on {res.n_communicators} communicators ({res.n_bad} bad lines"
+        + (f", {res.n_late} late events not judged" if res.n_late else "")
+        + ")",
         show_lines=False,
     )
     for col in ("t (s)", "host", "component", "fault", "action", "conf.", "reason"):

@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from c4base.metrics import Metrics, MetricsConfig
 from streams.app.faust_app import make_app
 from streams.app.settings import WorkerConfig
 from streams.app.topics_admin import ensure_topics
@@ -139,9 +140,10 @@ class WorkerProcess:
 
 
 def start_worker_process(
-    config: WorkerConfig, *, env: dict[str, str] | None = None
+    config: WorkerConfig, *, env: dict[str, str] | None = None, metrics_port: int = 0
 ) -> WorkerProcess:
-    """Start ``run_worker(config)`` in a child process logging to ``workdir/worker.log``."""
+    """Start ``run_worker(config)`` in a child process logging to ``workdir/worker.log``;
+    ``metrics_port`` > 0 serves its Prometheus /metrics on 127.0.0.1 at that port."""
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "worker-config.json"
@@ -152,7 +154,7 @@ def start_worker_process(
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.worker", str(cfg_path)],
+            [sys.executable, "-m", "streams.worker", str(cfg_path), str(metrics_port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=child_env,
@@ -162,11 +164,15 @@ def start_worker_process(
 
 
 def _main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m streams.worker CONFIG.json", file=sys.stderr)
+    if len(argv) not in (1, 2):
+        print("usage: python -m streams.worker CONFIG.json [METRICS_PORT]", file=sys.stderr)
         return 2
     config = msgspec.json.decode(Path(argv[0]).read_bytes(), type=WorkerConfig)
-    return run_worker(config)
+    port = int(argv[1]) if len(argv) == 2 else 0
+    metrics = Metrics() if port else None
+    if metrics is not None:
+        metrics.serve(MetricsConfig(port=port))
+    return run_worker(config, metrics=metrics)
 
 
 if __name__ == "__main__":

@@ -41,3 +41,14 @@ def test_demo_finds_every_injected_fault_and_leaves_report_and_archive(
     events = ds.dataset(tmp_path / "archive" / "events", format="parquet", partitioning="hive")
     assert events.count_rows() > 0
     assert "found 3/3 injected faults, 0 false isolations" in out.getvalue()
+
+    # The loop is closed: every decision was isolated (dry run) and its job's restart
+    # described — the requeue of the job found on the drained node — on the timeline.
+    stages = {(s.cmd_id, s.stage): s for s in result.loop}
+    for c in result.commands:
+        iso, restart = stages[(c.id, "isolate")], stages[(c.id, "restart")]
+        assert iso.status == "dry_run" and "scontrol update nodename=" + c.host in iso.detail
+        assert restart.status == "dry_run" and "scontrol requeue" in restart.detail
+        assert f"-w {c.host} -n {result.truth['job']}" in restart.detail
+        assert c.ts_us <= iso.ts_us <= restart.ts_us
+    assert "Closing the loop" in html and "scontrol requeue" in html

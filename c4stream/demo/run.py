@@ -1,10 +1,12 @@
 """The demo: a simulated 128-GPU job with injected faults, through the real pipeline.
 
 Steps: simulate a trace → start a Kafka broker (local, or ``KAFKA_BOOTSTRAP``) → start
-worker, archiver, actuator (dry run) and alerter as child services, with a local
-webhook receiver standing in for the ops chat → replay the trace into ``c4.events`` →
-show isolation commands live as they come out of ``c4.isolations`` → stop everything →
-write the HTML report and compare what was decided with what was injected.
+worker, archiver, actuator (dry run, restarting the job after an isolation) and alerter
+as child services, with a local webhook receiver standing in for the ops chat → replay
+the trace into ``c4.events`` → show isolation commands live as they come out of
+``c4.isolations`` → stop everything → write the HTML report, with the loop (fault →
+decision → isolation → restart) on one timeline, and compare what was decided with what
+was injected.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from compose.local_broker import create_topics, ensure_broker
 from producers.replay import ReplayConfig, replay
 from producers.simulator import SCENARIOS, with_gpus, write_trace
 from producers.traces import iter_events
-from sinks.report import lateness_maps, write_report
+from sinks.actuator.ledger import Ledger
+from sinks.actuator.restart import RestartLog
+from sinks.report import LoopStep, lateness_maps, write_report
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
-from streams.scoring import component_label, score_commands, truth_faults
+from streams.scoring import TruthFault, component_label, score_commands, truth_faults
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
@@ -64,6 +68,8 @@ class DemoResult:
     archive: Path | None = None
     matched: int = 0
     false_isolations: int = 0
+    loop: list[LoopStep] = field(default_factory=list)
+    """What the actuator did after each decision: isolation, job restart (dry run)."""
 
 
 class _IsolationWatcher(threading.Thread):
@@ -73,6 +79,8 @@ class _IsolationWatcher(threading.Thread):
         super().__init__(daemon=True, name="isolation-watcher")
         self.kafka, self.topic = kafka, topic
         self.commands: list[IsolationCommand] = []
+        self.published_us: dict[str, int] = {}
+        """Command id -> when the worker published it (the Kafka message timestamp)."""
         self.bad = 0
         self._stopping = threading.Event()
 
@@ -87,9 +95,14 @@ class _IsolationWatcher(threading.Thread):
                 if msg is None or msg.error():
                     continue
                 try:
-                    self.commands.append(decode_command(msg.value()))
+                    cmd = decode_command(msg.value())
                 except CommandDecodeError:
                     self.bad += 1
+                    continue
+                self.commands.append(cmd)
+                kind, ms = msg.timestamp()
+                if kind != 0:  # 0: TIMESTAMP_NOT_AVAILABLE
+                    self.published_us.setdefault(cmd.id, ms * 1000)
         finally:
             consumer.close()
 
@@ -148,11 +161,14 @@ def _commands_view(cmds: list[IsolationCommand], t0_us: int) -> Group:
 
 
 def _truth_table(result: DemoResult, t0_us: int) -> Table:
-    table = Table(title="Injected faults vs decisions")
-    for col in ("injected at (s)", "fault", "host", "component", "found", "latency (s)"):
+    table = Table(title="Injected faults vs decisions, and what the actuator did")
+    cols = ("injected at (s)", "fault", "host", "component", "found", "latency (s)")
+    for col in (*cols, "isolated", "restart"):
         table.add_column(col, no_wrap=col in ("host", "component", "fault"))
+    steps = {(s.cmd_id, s.stage): s.status.replace("_", " ") for s in result.loop}
     score = score_commands(result.commands, result.truth)
     for f, fs in zip(truth_faults(result.truth), score.faults, strict=True):
+        first = _first_decision(result.commands, f)
         table.add_row(
             f"{(f.start_us - t0_us) / 1e6:.1f}",
             f.expected_fault,
@@ -160,11 +176,59 @@ def _truth_table(result: DemoResult, t0_us: int) -> Table:
             component_label(f.gpu, f.nic, f.peer_host),
             "[green]yes[/]" if fs.found else "[red]no[/]",
             f"{fs.latency_s:.1f}" if fs.found and fs.latency_s is not None else "-",
+            steps.get((first, "isolate"), "-"),
+            steps.get((first, "restart"), "-"),
         )
     return table
 
 
-def _start_services(svc: ServiceGroup, bootstrap: str, out: Path, chat_url: str) -> None:
+def _first_decision(cmds: list[IsolationCommand], f: TruthFault) -> str:
+    """The id of the first command naming the fault's host (either end of a link) with
+    its class, from the fault's start on: the decision whose loop the table shows."""
+    ends = {f.host, f.peer_host} - {None}
+    hits = [
+        c
+        for c in cmds
+        if c.fault == f.expected_fault
+        and c.ts_us >= f.start_us - 1_000_000
+        and (c.host in ends or c.peer_host in ends)
+    ]
+    return min(hits, key=lambda c: c.ts_us).id if hits else ""
+
+
+def _loop_steps(
+    ledger: Path, cmds: list[IsolationCommand], published_us: dict[str, int]
+) -> list[LoopStep]:
+    """The actuator's isolations and restarts, placed on the trace's timeline.
+
+    A step's wall-clock delay after the command was published (Kafka timestamp) is added
+    to the decision's event time. The isolation's ledger row is written after the restart
+    (crash safety, see sinks.actuator.restart), so the isolation is placed no later than
+    the restart it preceded.
+    """
+    if not ledger.exists():
+        return []
+    by_id = {c.id: c for c in cmds}
+
+    def at(cmd_id: str, wall_us: int) -> int:
+        pub = published_us.get(cmd_id)
+        return by_id[cmd_id].ts_us + (max(0, wall_us - pub) if pub is not None else 0)
+
+    with RestartLog(ledger) as rl:
+        restarts = {e.id: e for e in rl.entries() if e.id in by_id}
+    with Ledger(ledger) as led:
+        isolations = [e for e in led.entries() if e.id in by_id]
+    steps = []
+    for e in isolations:
+        wall = min(e.first_us, restarts[e.id].first_us) if e.id in restarts else e.first_us
+        detail = e.detail.split("; job restart ", 1)[0]  # the restart has its own step
+        steps.append(LoopStep(e.id, e.host, "isolate", at(e.id, wall), e.status, detail))
+    for r in restarts.values():
+        steps.append(LoopStep(r.id, r.host, "restart", at(r.id, r.first_us), r.status, r.detail))
+    return sorted(steps, key=lambda s: s.ts_us)
+
+
+def _start_services(svc: ServiceGroup, bootstrap: str, out: Path, chat_url: str, job: str) -> None:
     alert_toml = out / "alert.toml"
     alert_toml.write_text(
         "resolve_timeout_s = 120\n"
@@ -174,11 +238,19 @@ def _start_services(svc: ServiceGroup, bootstrap: str, out: Path, chat_url: str)
     kafka = ("--bootstrap", bootstrap)
     svc.start("worker", "worker", *kafka, "--workdir", str(out / "worker"))
     svc.start("archiver", "archive", *kafka, "--out", str(out / "archive"))
-    # Dry run (the default): the actuator logs the scontrol line it would run.
+    # Dry run (the default): the actuator logs the scontrol lines it would run — the
+    # drain, then the requeue of the job that ran on the drained node. The trace runs
+    # several times faster than real time and decisions can come out in a burst, so the
+    # "restart in progress" rail (900 s by default) is off here: each injected fault
+    # shows its own restart. tests/sinks/test_actuator_restart.py covers the rail.
     drain = 'scontrol update nodename={host} state=drain reason="{reason}"'
     ledger = str(out / "actuator-ledger.sqlite")
     svc.start("actuator", "actuate", *kafka, "--backend", "command", "--command-template", drain,
-              "--ledger", ledger)  # fmt: skip
+              "--ledger", ledger, "--restart-jobs", job,
+              "--requeue-template", "scontrol requeue {jobid}",
+              "--jobid-lookup", "squeue -h -w {host} -n {job} -o %i",
+              "--restart-in-progress", "0",
+              "--restart-max-per-hour", "10")  # fmt: skip
     svc.start("alerter", "alert", *kafka, "--config", str(alert_toml))
 
 
@@ -223,7 +295,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
         kafka = KafkaConfig(bootstrap=bootstrap)
         chat = stack.enter_context(WebhookReceiver())
         svc = stack.enter_context(ServiceGroup(out / "logs", env={"KAFKA_BOOTSTRAP": bootstrap}))
-        _start_services(svc, bootstrap, out, chat.url)
+        _start_services(svc, bootstrap, out, chat.url, sim.job)
         console.print(
             f"[bold]3[/] services up (logs in {out / 'logs'}): worker, archiver, "
             f"actuator (dry run), alerter → {chat.url}"
@@ -274,7 +346,9 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
         ):
             time.sleep(0.1)
         result.alerts = list(chat.received)
+        published_us = dict(watcher.published_us)
         console.print("stopping services and Kafka …")
+    result.loop = _loop_steps(out / "actuator-ledger.sqlite", result.commands, published_us)
 
     # 4. The report.
     with console.status("writing the report …"):
@@ -285,6 +359,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
             result.commands,
             truth=result.truth,
             title=f"c4stream demo — {config.gpus} GPUs, scenario {config.scenario}",
+            loop=result.loop,
         )
     result.archive = out / "archive"
     score = score_commands(result.commands, result.truth)

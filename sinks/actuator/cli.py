@@ -42,6 +42,9 @@ from sinks.actuator.config import ACTUATOR_SECTION, DEFAULT_LEDGER, ActuatorConf
 from sinks.actuator.consumer import run
 from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
 from sinks.actuator.ledger import Ledger
+from sinks.actuator.restart import Restarter, RestartHook, RestartLog
+from sinks.actuator.restart_command import CommandRestarter, slurm_restarter
+from sinks.actuator.restart_kubernetes import KubernetesRestarter
 from sinks.actuator.slurm_backend import SlurmBackend
 
 if TYPE_CHECKING:
@@ -49,7 +52,7 @@ if TYPE_CHECKING:
 
 ConfigFile = config_file("[kafka], [actuator]")
 
-__all__ = ["actuate", "make_backend"]
+__all__ = ["actuate", "make_backend", "make_restarter", "restart_summary"]
 
 _HELP = (
     "Act on isolation commands from c4.isolations: cordon and taint Kubernetes nodes, "
@@ -64,7 +67,11 @@ _HELP = (
     "c4stream actuate --backend kubernetes --kubeconfig ~/.kube/config --check\n\n"
     "c4stream actuate --backend slurm --strip-domain --execute --deny 'login-*'\n\n"
     "c4stream actuate --backend command --execute "
-    "--command-template 'mysched drain {host} --why \"{reason}\"'"
+    "--command-template 'mysched drain {host} --why \"{reason}\"'\n\n"
+    "RESTART AFTER ISOLATION is off by default and per job: --restart-jobs 'llm-*' restarts "
+    "(dry run until --restart-execute) the job of a host once it was isolated, e.g. "
+    "--requeue-template 'scontrol requeue {jobid}' --jobid-lookup 'squeue -h -w {host} -n "
+    "{job} -o %i'; on Kubernetes it deletes the job's pods on the node (--restart-pod-selector)."
 )
 
 
@@ -188,6 +195,78 @@ def actuate(
     event_namespace: Annotated[
         str, typer.Option("--event-namespace"), Key("kubernetes.event_namespace")
     ] = "default",
+    restart_jobs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--restart-jobs",
+            help="Restart these jobs (telemetry job names, shell patterns; repeat or "
+            "comma-separate) once one of their hosts was isolated. Default: none.",
+        ),
+        Key("restart.jobs"),
+    ] = None,
+    restart_execute: Annotated[
+        bool,
+        typer.Option("--restart-execute", help="Really restart (else: log what would be done)."),
+        Key("restart.execute"),
+    ] = False,
+    restart_max_per_hour: Annotated[
+        int,
+        typer.Option("--restart-max-per-hour", help="Restarts per job per rolling hour."),
+        Key("restart.max_per_hour"),
+    ] = 2,
+    restart_in_progress: Annotated[
+        float,
+        typer.Option("--restart-in-progress", help="Seconds a restart counts as in progress."),
+        Key("restart.in_progress_s"),
+    ] = 900.0,
+    requeue_template: Annotated[
+        str | None,
+        typer.Option(
+            "--requeue-template",
+            help="Command backend: argv template restarting the job, e.g. "
+            "'scontrol requeue {jobid}' ({jobid} and the command placeholders).",
+        ),
+        Key("restart.requeue_template"),
+    ] = None,
+    jobid_regex: Annotated[
+        str | None,
+        typer.Option(
+            "--jobid-regex",
+            help="Scheduler job id from the telemetry job name: a regex with a group "
+            "jobid, e.g. 'slurm-(?P<jobid>[0-9]+)'.",
+        ),
+        Key("restart.jobid_regex"),
+    ] = None,
+    jobid_lookup: Annotated[
+        str | None,
+        typer.Option(
+            "--jobid-lookup",
+            help="Or ask the scheduler: argv template printing the job id, e.g. "
+            "'squeue -h -w {host} -n {job} -o %i'.",
+        ),
+        Key("restart.jobid_lookup"),
+    ] = None,
+    restart_status_template: Annotated[
+        str | None,
+        typer.Option(
+            "--restart-status-template",
+            help="Command backend: argv template printing the job's Slurm state, e.g. "
+            "'squeue -h -j {jobid} -o %T'; PENDING, REQUEUED… = a restart is in progress.",
+        ),
+        Key("restart.status_template"),
+    ] = None,
+    restart_pod_selector: Annotated[
+        str,
+        typer.Option(
+            "--restart-pod-selector", help="Kubernetes: label selector of the job's pods."
+        ),
+        Key("restart.pod_selector"),
+    ] = "job-name={job}",
+    restart_namespace: Annotated[
+        str,
+        typer.Option("--restart-namespace", help="Kubernetes: namespace of the job's pods."),
+        Key("restart.namespace"),
+    ] = "default",
     attempts: Annotated[
         int, typer.Option("--attempts", help="Tries of a failing action."), Key("attempts")
     ] = 3,
@@ -223,6 +302,7 @@ def actuate(
         ctx,
         actuate,
         deny=[h.strip() for d in deny or () for h in d.split(",") if h.strip()],
+        restart_jobs=[j.strip() for r in restart_jobs or () for j in r.split(",") if j.strip()],
     )
     try:
         svc = start_service(
@@ -244,6 +324,11 @@ def actuate(
         except ActuatorError as err:
             fail("actuate --check", f"FAILED: {err}", 2)
         typer.echo(f"c4stream actuate --check: backend {be.name} ok")
+        try:
+            restarter = make_restarter(cfg, check_programs=True)
+        except ActuatorError as err:
+            fail("actuate --check", f"restart FAILED: {err}", 2)
+        typer.echo(f"c4stream actuate --check: {restart_summary(cfg, restarter)}")
         return
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -252,8 +337,22 @@ def actuate(
         if cfg.execute and cfg.check_at_start:
             for line in be.check():  # fail before consuming, not on the first command
                 svc.log.info("check: %s", line)
-        with Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led:
-            stats = run(cfg, be, led, stop=stop, metrics=svc.metrics)
+        restarter = make_restarter(cfg)
+        with (
+            Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led,
+            RestartLog(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as restarts,
+        ):
+            hook = None
+            if restarter is not None:
+                hook = RestartHook(
+                    cfg.restart,
+                    restarter,
+                    restarts,
+                    attempts=cfg.attempts,
+                    retry_backoff_s=cfg.retry_backoff_s,
+                    stop=stop,
+                )
+            stats = run(cfg, be, led, stop=stop, metrics=svc.metrics, restart=hook)
     except ActuatorConfigError as err:
         # Permissions, configuration: fix and restart; the command at hand is delivered again.
         fail("actuate", f"stopped: {err}", 2)
@@ -275,6 +374,33 @@ def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> 
 
     client = load_api_client(cfg.kubernetes) if real else None
     return KubernetesBackend(cfg.kubernetes, client)
+
+
+def make_restarter(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> Restarter | None:
+    """The restarter of the configured backend; None when no job is to be restarted.
+    With --execute and --restart-execute (or ``check_programs``) its programs must exist."""
+    if not cfg.restart.jobs:
+        return None
+    live = (cfg.execute and cfg.restart.execute) if check_programs is None else check_programs
+    if cfg.backend == "command":
+        return CommandRestarter(cfg.command, cfg.restart, check_programs=live)
+    if cfg.backend == "slurm":
+        return slurm_restarter(cfg.slurm, cfg.restart, check_programs=live)
+    client = load_api_client(cfg.kubernetes) if cfg.execute else None
+    return KubernetesRestarter(cfg.restart, cfg.kubernetes, client)
+
+
+def restart_summary(cfg: ActuatorConfig, restarter: Restarter | None) -> str:
+    """One line for ``--check``: whether and how jobs are restarted after an isolation."""
+    r = cfg.restart
+    if restarter is None:
+        return "restart after isolation: off ([actuator.restart] jobs is empty)"
+    mode = "executes" if cfg.execute and r.execute else "dry run"
+    return (
+        f"restart after isolation: jobs {', '.join(r.jobs)} via {restarter.name} ({mode}); "
+        f"at most {r.max_per_hour} per job per hour, none within {r.in_progress_s:g} s "
+        "of the last"
+    )
 
 
 actuate.__doc__ = _HELP

@@ -65,7 +65,10 @@ _NO_RESTART = "no restart template configured (--restart-command-template); rest
 class CommandTemplate:
     """An argv template: validated once, rendered per command."""
 
-    def __init__(self, template: str) -> None:
+    def __init__(self, template: str, *, extra: frozenset[str] = frozenset()) -> None:
+        """``extra``: placeholders beyond :data:`FIELDS` that ``render`` is given values
+        for (the restart's ``{jobid}``)."""
+        self.extra = extra
         try:
             self.argv = shlex.split(template)
         except ValueError as err:
@@ -78,11 +81,11 @@ class CommandTemplate:
                 names = {f for _, f, _, _ in string.Formatter().parse(token) if f is not None}
             except ValueError as err:
                 raise ActuatorConfigError(f"command template argument {token!r}: {err}") from None
-            unknown = names - FIELDS
+            unknown = names - FIELDS - extra
             if unknown:
                 raise ActuatorConfigError(
                     f"command template names unknown placeholder(s) {sorted(unknown)}; "
-                    f"known: {sorted(FIELDS)}"
+                    f"known: {sorted(FIELDS | extra)}"
                 )
             if i == 0 and names:
                 # The program itself must be fixed: a value chooses nothing to execute.
@@ -91,9 +94,9 @@ class CommandTemplate:
                 )
             self.fields |= names
 
-    def render(self, cmd: IsolationCommand) -> list[str]:
+    def render(self, cmd: IsolationCommand, **extra: str | None) -> list[str]:
         """The argument vector for ``cmd``; raises PermanentActionError on a missing field."""
-        values = {
+        values: dict[str, object] = {
             "host": cmd.host,
             "reason": cmd.reason,
             "fault": cmd.fault,
@@ -104,8 +107,9 @@ class CommandTemplate:
             "action": cmd.action,
             "peer_host": cmd.peer_host,
             "confidence": cmd.confidence,
+            **{k: extra.get(k) for k in self.extra},
         }
-        missing = sorted(f for f in self.fields & _OPTIONAL if values[f] is None)
+        missing = sorted(f for f in self.fields & (_OPTIONAL | self.extra) if values[f] is None)
         if missing:
             raise PermanentActionError(
                 f"command {cmd.id}: the command template needs {missing} but the command "

@@ -23,12 +23,14 @@ import msgspec
 from c4base.config import Section
 from c4base.kafka import KafkaConfig
 from c4base.topics import Topics
+from streams.commands import Fault
 
 __all__ = [
     "DEFAULT_LEDGER",
     "ActuatorConfig",
     "CommandSettings",
     "KubernetesSettings",
+    "RestartSettings",
     "SlurmSettings",
 ]
 
@@ -96,6 +98,46 @@ class SlurmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Node ``actuate --check`` shows; None: the first node slurmctld lists."""
 
 
+class RestartSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Restart the job after its host was isolated (``sinks.actuator.restart``).
+
+    Off by default and per job: only jobs matching ``jobs`` are ever restarted.
+    """
+
+    jobs: tuple[str, ...] = ()
+    """Telemetry job names (shell patterns, ``llm-*``) whose job is restarted once one of
+    its hosts was isolated; empty (the default): restart nothing."""
+    execute: bool = False
+    """Dry run first: False logs the restart it would do, even when isolations act."""
+    max_per_hour: int = 2
+    """At most this many restarts of one job per rolling hour."""
+    in_progress_s: float = 900.0
+    """A restart counts as in progress this long after it was issued: no second one."""
+    faults: tuple[Fault, ...] = ("noncomm_hang", "comm_hang", "straggler", "slow_nic", "slow_link")
+    """Fault classes whose isolation restarts the job."""
+    requeue_template: str | None = None
+    """Command backend: the argv template that restarts the job, e.g.
+    ``scontrol requeue {jobid}``; the command backend's placeholders plus ``{jobid}``."""
+    jobid_regex: str | None = None
+    """Command backend: the scheduler job id from the telemetry's job name, a regex with
+    a group ``jobid`` (``slurm-(?P<jobid>[0-9]+)``); searched, so it may match a part."""
+    jobid_lookup: str | None = None
+    """Command backend, when no regex is set: an argv template printing the job id(s) on
+    the host, e.g. ``squeue -h -w {host} -n {job} -o %i`` (one id per line)."""
+    status_template: str | None = None
+    """Command backend: an argv template printing the job's state, e.g.
+    ``squeue -h -j {jobid} -o %T``; a Slurm state such as PENDING, CONFIGURING or
+    REQUEUED means a restart is in progress (none is started)."""
+    pod_selector: str = "job-name={job}"
+    """Kubernetes: label selector of the job's pods; ``{job}`` is the telemetry job name
+    (a Job's pods carry ``job-name``; a PyTorchJob's ``training.kubeflow.org/job-name``;
+    a JobSet's ``jobset.sigs.k8s.io/jobset-name``)."""
+    namespace: str = "default"
+    """Kubernetes: namespace of the job's pods (rbac-actuator-restart.yaml grants it)."""
+    grace_period_s: int | None = None
+    """Kubernetes: termination grace period of the deleted pods; None: the pod's own."""
+
+
 class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything ``c4stream actuate`` needs; no other setting is read anywhere else."""
 
@@ -145,6 +187,7 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kubernetes: KubernetesSettings = msgspec.field(default_factory=KubernetesSettings)
     command: CommandSettings = msgspec.field(default_factory=CommandSettings)
     slurm: SlurmSettings = msgspec.field(default_factory=SlurmSettings)
+    restart: RestartSettings = msgspec.field(default_factory=RestartSettings)
 
     def __post_init__(self) -> None:
         if self.node_regex is not None:

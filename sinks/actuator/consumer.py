@@ -56,6 +56,7 @@ from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.ledger import Ledger, Status
 from sinks.actuator.outcomes import ActionReport, OutcomePublisher, new_report, outcome_of
 from sinks.actuator.policy import Decision, decide
+from sinks.actuator.restart import RestartHook
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
 __all__ = [
@@ -142,11 +143,14 @@ class Actuator:
         ledger: Ledger,
         *,
         stop: threading.Event | None = None,
+        restart: RestartHook | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.ledger = ledger
         self.stop = stop or threading.Event()
+        self.restart = restart
+        """Restarts the job after an isolation (sinks.actuator.restart); None: never."""
 
     def handle(self, cmd: IsolationCommand) -> Handled:
         """Carry out ``cmd`` if the rules allow; the ledger row is written on return.
@@ -174,6 +178,12 @@ class Actuator:
             h = Handled(decision, "dry_run", f"{why}; would {plan}")
         else:
             h = self._act(cmd, tag)
+        if self.restart is not None and h.status in ("done", "dry_run"):
+            # Before the isolation's ledger row: a crash in between repeats the (safe)
+            # isolation, and the restart log keeps the restart from happening twice.
+            r = self.restart.after(cmd, h.decision)
+            if r is not None:  # the ledger row and the c4.actions record say it too
+                h = dataclasses.replace(h, detail=f"{h.detail}; job restart {r.status}: {r.detail}")
         self.ledger.record(
             cmd.id, status=h.status, host=cmd.host, action=cmd.action, detail=h.detail
         )
@@ -260,6 +270,7 @@ def run(
     *,
     stop: threading.Event | None = None,
     metrics: MetricsLike | None = None,
+    restart: RestartHook | None = None,
 ) -> RunStats:
     """Consume ``c4.isolations`` until ``stop``, idle timeout or ``max_messages``.
 
@@ -282,7 +293,8 @@ def run(
         if cfg.publish_outcomes
         else None
     )
-    handler = ActuatorHandler(Actuator(cfg, backend, ledger, stop=stop), stats, metrics, outcomes)
+    actuator = Actuator(cfg, backend, ledger, stop=stop, restart=restart)
+    handler = ActuatorHandler(actuator, stats, metrics, outcomes)
     runner = ConsumerRunner(
         RunnerConfig(
             stage=STAGE,

@@ -66,8 +66,9 @@ class WorkerParts:
             "detect": asdict(self.router.stats),
             "correlate": asdict(self.correlator.stats),
             "comms": len(self.router.comms),
-            "clock_us": {str(p): t for p, t in self.router.clock_us.items()},
+            "clock_us": {f"{p}/{job}": t for (p, job), t in sorted(self.router.clock_us.items())},
             "watermarks": self.correlator.describe(),
+            "late": late_status(self.router, self.correlator),
             "deadletters_sent": self.deadletters.sent,
             "table_writes": self.comm_store.writes + self.correlator_store.writes,
         }
@@ -126,6 +127,8 @@ def register_agents(
         checkpoint_every_events=config.checkpoint_every_events,
         checkpoint_every_s=config.checkpoint_every_s,
         advance_every_us=int(config.advance_every_s * 1e6),
+        allowed_lateness_us=config.policy.allowed_lateness_us,
+        forget_lane_s=config.forget_lane_s,
     )
     correlator = CorrelatorRunner(
         engine,
@@ -137,6 +140,8 @@ def register_agents(
         idle_s=config.watermark_idle_s,
         max_hold_s=config.max_hold_s,
         slice_us=int(config.verdict_slice_s * 1e6),
+        allowed_lateness_us=config.policy.allowed_lateness_us,
+        forget_lane_s=config.forget_lane_s,
     )
     dl = DeadLetterPublisher(deadletter_t)
     parts = WorkerParts(router, correlator, comm_store, cor_store, dl, set(), time.time())
@@ -160,6 +165,7 @@ def register_agents(
         ]
         if store is comm_store:
             await send_watermarks(sent, heartbeat)
+        watch.jobs(router.jobs | correlator.jobs)
         for c in out.commands:
             log.info("isolation command %s: %s %s (%s)", c.id, c.action, c.host, c.fault)
             await isolations_t.send(key=c.host.encode(), value=encode_command(c))
@@ -234,6 +240,19 @@ def register_agents(
     return parts
 
 
+def late_status(router: CommRouter, correlator: CorrelatorRunner) -> dict[str, dict[str, int]]:
+    """Per job: events dead-lettered as late, verdicts judged late / dead-lettered late."""
+    out: dict[str, dict[str, int]] = {}
+    for job in sorted(router.jobs | correlator.jobs):
+        v = correlator.late_verdicts.get(job, {})
+        out[job] = {
+            "events_deadlettered": router.late_events.get(job, 0),
+            "verdicts_judged": v.get("judged", 0),
+            "verdicts_deadlettered": v.get("deadlettered", 0),
+        }
+    return out
+
+
 def write_status(path: Any, status: dict[str, Any]) -> None:
     """Atomically replace the status file (readers never see half a file)."""
     tmp = f"{path}.tmp"
@@ -249,8 +268,9 @@ class _Meter:
 
     def __init__(self, metrics: MetricsLike | None) -> None:
         self.m = metrics or NullMetrics()
+        self._exported: set[str] = set()
 
-    def batch(self, messages: int, events: int, clocks: dict[int, int]) -> None:
+    def batch(self, messages: int, events: int, clocks: dict[Any, int]) -> None:
         self.m.messages_in.labels(stage=self.STAGE).inc(messages)
         self.m.events_in.labels(stage=self.STAGE).inc(events)
         if clocks:
@@ -266,6 +286,20 @@ class _Meter:
             self.m.isolations.labels(stage=self.STAGE, fault=c.fault, action=c.action).inc()
         if out.deadletters:
             self.m.deadletters.labels(stage=self.STAGE).inc(len(out.deadletters))
+        for job, n in out.late_events:
+            self.m.late_events.labels(stage=self.STAGE, job=job).inc(n)
+        for job, outcome in out.late_verdicts:
+            self.m.late_verdicts.labels(stage=self.STAGE, job=job, outcome=outcome).inc()
+
+    def jobs(self, jobs: set[str]) -> None:
+        """Export the late counters of every job seen, from 0 (a rate needs a start)."""
+        if jobs <= self._exported:
+            return
+        for job in jobs - self._exported:
+            self.m.late_events.labels(stage=self.STAGE, job=job).inc(0)
+            for outcome in ("judged", "deadlettered"):
+                self.m.late_verdicts.labels(stage=self.STAGE, job=job, outcome=outcome).inc(0)
+        self._exported |= jobs
 
     def lag(self, offsets: ConsumerView, assigned: set[Any]) -> None:
         """Lag = high watermark - next offset to read, per assigned partition."""

@@ -1,13 +1,15 @@
 """Agent ``detect``'s runner (``c4.events``), broker-free.
 
-:class:`CommRouter` decodes each message (a JSON array, or an Arrow IPC
-batch marked by its ``content-type`` header, judged as columns), dead-letters what
-breaks the contract, groups
+:class:`CommRouter` decodes each message (a JSON array, or an Arrow IPC batch marked by its
+``content-type`` header), dead-letters what breaks the contract, groups
 events by communicator, feeds each communicator's detector one batch, and advances every
-communicator of a partition whenever that partition's event-time clock (max ``ts_us``
-seen) moves on by ``advance_every_us``, so a collective that stops completing is noticed
-while heartbeats keep arriving. The Faust agent (:mod:`streams.app.agents`) only moves
-bytes between Kafka and this class, so all of it is tested without a broker.
+communicator of a job in a partition whenever that job's event-time clock there (max
+``ts_us`` seen: a *lane* per partition and job) moves on by ``advance_every_us``, so a
+collective that stops completing is noticed while heartbeats keep arriving, and a job
+whose events run minutes behind another's is judged on its own time. Messages too late
+to be judged are dead-lettered "late by N s" and counted per job. The Faust agent
+(:mod:`streams.app.agents`) only moves bytes between Kafka and this class, so all of it
+is tested without a broker.
 """
 
 from __future__ import annotations
@@ -16,34 +18,19 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 
-import numpy as np
-
-from producers.columnar import EventColumns, decode_columns_many
+from producers.columnar import decode_events_many
 from producers.events import Event, EventDecodeError
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import DetectorLike, Engine
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
 
-__all__ = ["CommRouter", "contract_problem"]
+__all__ = ["CommRouter", "Lane", "contract_problem"]
 
 log = logging.getLogger(__name__)
 
-Slice = dict[
-    str,
-    tuple[list[Event], list[tuple[Record, "list[Event] | EventColumns"]], list[EventColumns]],
-]
-"""An open event-time slice of one partition, by communicator: comm -> (its events as
-objects, (record, its events) per message, its events as columns (Arrow messages))."""
-
-
-def _observe(det: DetectorLike, events: list[Event], cols: list[EventColumns]) -> list:
-    """Columns go to ``observe_columns`` (the same verdicts as ``observe``); a slice
-    that mixes JSON and Arrow messages of one communicator goes as objects."""
-    if not cols:
-        return det.observe(events)
-    if not events:
-        return det.observe_columns(EventColumns.concat(cols))
-    return det.observe(events + [e for c in cols for e in c.to_events()])
+Slice = dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]
+"""An open event-time slice of one lane, by communicator:
+comm -> (its events, (record, its events) per message)."""
 
 
 def contract_problem(events: Sequence[Event]) -> str | None:
@@ -64,15 +51,31 @@ def contract_problem(events: Sequence[Event]) -> str | None:
 
 
 class _Comm:
-    __slots__ = ("detector", "partition")
+    __slots__ = ("detector", "job", "judged_us", "partition")
 
-    def __init__(self, detector: DetectorLike, partition: int) -> None:
+    def __init__(self, detector: DetectorLike, partition: int, job: str) -> None:
         self.detector = detector
         self.partition = partition
+        self.job = job
+        self.judged_us = -1
+        """Event time this communicator's detector has been judged up to (events
+        observed, or advanced to): its windows before that are closed."""
+
+
+Lane = tuple[int, str]
+"""(events partition, job): one job's event time within one partition."""
 
 
 class CommRouter(StateRunner[str]):
-    """All communicators of one worker, by partition."""
+    """All communicators of one worker, by partition and job.
+
+    Event time is kept per *lane* (partition, job): a job's communicators are advanced
+    by that job's clock only, so a job whose events run minutes behind another's in the
+    same partition (a delayed exporter, a replayed trace) is judged on its own time.
+    A message whose events are behind the time their communicator was already judged up
+    to by more than ``allowed_lateness_us`` cannot be judged any more (its windows are
+    closed): it is dead-lettered "late by N s" and counted in ``late_events`` per job.
+    """
 
     def __init__(
         self,
@@ -82,6 +85,8 @@ class CommRouter(StateRunner[str]):
         checkpoint_every_events: int,
         checkpoint_every_s: float,
         advance_every_us: int,
+        allowed_lateness_us: int = 10_000_000,
+        forget_lane_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(
@@ -92,18 +97,34 @@ class CommRouter(StateRunner[str]):
         )
         self.engine = engine
         self.advance_every_us = advance_every_us
+        self.forget_lane_s = forget_lane_s
+        self.allowed_lateness_us = allowed_lateness_us
         self.comms: dict[str, _Comm] = {}
-        self.by_partition: dict[int, set[str]] = {}
-        self.clock_us: dict[int, int] = {}
-        self._advanced_us: dict[int, int] = {}
-        self._slice_end: dict[int, int] = {}
-        self.pending: dict[int, Slice] = {}
-        """Per partition, the events of its open event-time slice."""
-        self._active: set[int] = set()
-        """Partitions that got messages since the last tick()."""
+        self.by_lane: dict[Lane, set[str]] = {}
+        self.clock_us: dict[Lane, int] = {}
+        """Event-time clock (newest ``ts_us`` seen) per lane."""
+        self._advanced_us: dict[Lane, int] = {}
+        self._slice_end: dict[Lane, int] = {}
+        self.pending: dict[Lane, dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]]
+        self.pending = {}
+        """Per lane, the events of its open event-time slice, by communicator:
+        comm -> (its events, (record, its events) per message)."""
+        self._active: set[Lane] = set()
+        """Lanes that got messages since the last tick()."""
+        self._last_active: dict[Lane, float] = {}
+        """Lane -> wall time of its last message (a lane quiet for ``forget_lane_s`` is
+        forgotten: a finished job's watermarks stop)."""
+        self.late_events: dict[str, int] = {}
+        """Per job: events dead-lettered as late beyond the allowed lateness."""
+        self.jobs: set[str] = set()
+        """Every job seen (its metrics are exported from 0)."""
 
-    # ---------------------------------------------------------------- state
-    def _comm(self, comm: str, partition: int) -> _Comm:
+    def partition_clock(self, p: int) -> int:
+        """Newest clock of any job in partition ``p`` (-1: none)."""
+        return max((t for (q, _), t in self.clock_us.items() if q == p), default=-1)
+
+    # ---------------------------------------------------------------- detectors
+    def _comm(self, comm: str, partition: int, job: str) -> _Comm:
         c = self.comms.get(comm)
         if c is not None:
             return c
@@ -113,8 +134,9 @@ class CommRouter(StateRunner[str]):
             lambda data: self.engine.load_detector(comm, data),
             lambda: self.engine.new_detector(comm),
         )
-        c = self.comms[comm] = _Comm(det, partition)
-        self.by_partition.setdefault(partition, set()).add(comm)
+        c = self.comms[comm] = _Comm(det, partition, job)
+        self.by_lane.setdefault((partition, job), set()).add(comm)
+        self.jobs.add(job)
         return c
 
     def _locate(self, key: str) -> tuple[int, bytes, Checkpointable] | None:
@@ -132,137 +154,127 @@ class CommRouter(StateRunner[str]):
         ]
 
     def _close(self, partitions: set[int] | None, out: Output) -> None:
-        self._close_slices(partitions, out)
+        self._close_lanes(self._lanes_of(partitions), out)
+
+    def _lanes_of(self, partitions: set[int] | None) -> set[Lane]:
+        return {lane for lane in self.clock_us if partitions is None or lane[0] in partitions}
 
     def _drop(self, partitions: set[int] | None, keys: list[str]) -> None:
         for comm in keys:
-            c = self.comms.pop(comm)
-            self.by_partition.get(c.partition, set()).discard(comm)
-        for p in partitions or set(self.clock_us):
-            self.clock_us.pop(p, None)
-            self._advanced_us.pop(p, None)
-            self._slice_end.pop(p, None)
-            self.by_partition.pop(p, None)
-            self.pending.pop(p, None)
-            self._active.discard(p)
+            self.comms.pop(comm)
+        lanes = {
+            lane
+            for lane in set(self.clock_us) | set(self.by_lane)
+            if partitions is None or lane[0] in partitions
+        }
+        for lane in lanes:
+            self.clock_us.pop(lane, None)
+            self._advanced_us.pop(lane, None)
+            self._slice_end.pop(lane, None)
+            self.by_lane.pop(lane, None)
+            self.pending.pop(lane, None)
+            self._active.discard(lane)
+            self._last_active.pop(lane, None)
 
     # ---------------------------------------------------------------- batches
     def process(self, records: Sequence[Record], settle: Collection[int] = ()) -> Output:
         """One ``take`` batch of ``c4.events`` messages.
 
-        ``settle``: partitions without consumer lag (live traffic): their open slice is
+        ``settle``: partitions without consumer lag (live traffic): their open slices are
         judged now, and advanced when due, rather than when the next slice begins, which
         costs up to a second of latency. Partitions with lag (catching up) are judged
-        exactly slice by slice, as DetectionPipeline does."""
+        exactly slice by slice, as DetectionPipeline does (per job)."""
         out = Output()
         st = self.stats
         st.batches += 1
         st.messages += len(records)
-        # As in DetectionPipeline, a slice is judged (observe, then advance every comm of
-        # the partition) when an event of the next slice arrives, whatever the batches:
+        # As in DetectionPipeline, a lane's slice is judged (observe, then advance every
+        # comm of the lane) when an event of its next slice arrives, whatever the batches:
         # a catch-up batch spanning minutes of event time is judged slice by slice, and a
         # slice spread over many small batches is judged at once, like offline.
-        pending = self.pending
-        # JSON → event objects; Arrow → numpy columns per communicator (the batch's Arrow
-        # messages validated and converted together), judged by observe_columns
-        decoded = decode_columns_many([(rec.value, rec.content_type) for rec in records])
+        # JSON or Arrow (content-type header); the batch's Arrow messages are validated
+        # and converted together (cheaper than one by one)
+        decoded = decode_events_many([(rec.value, rec.content_type) for rec in records])
         for rec, events in zip(records, decoded, strict=True):
             if isinstance(events, EventDecodeError):
                 out.deadletters.append(dead_letter(rec, f"undecodable message: {events}"))
                 continue
-            if events and isinstance(events[0], EventColumns):
-                self._take_columns(rec, events, out)  # type: ignore[arg-type]
-                continue
-            problem = contract_problem(events)  # type: ignore[arg-type]
+            problem = contract_problem(events)
             if problem is not None:
                 out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
                 continue
             st.events += len(events)
-            p = rec.partition
-            self._active.add(p)
-            top = max(ev.ts_us for ev in events)  # type: ignore[union-attr]
-            end = self._slice_end.get(p)
-            if end is None or top >= end:
-                if end is not None and p in pending:
-                    self._judge(p, pending.pop(p), out)
-                    self._advance_partition(p, out)
-                self._slice_end[p] = top - top % self.advance_every_us + self.advance_every_us
-            if top > self.clock_us.get(p, -1):
-                self.clock_us[p] = top
-            groups = pending.setdefault(p, {})
             first = events[0].comm
             if all(ev.comm == first for ev in events):  # the usual case: one comm per message
-                g = groups.get(first)
-                if g is None:
-                    self._comm(first, p)  # restored (or created) on arrival, like status says
-                    g = groups[first] = ([], [], [])
-                g[0].extend(events)
-                g[1].append((rec, events))
+                self._take(rec, first, events, out)
             else:
                 per_comm: dict[str, list[Event]] = {}
                 for ev in events:
                     per_comm.setdefault(ev.comm, []).append(ev)
                 for comm, evs in per_comm.items():
-                    g = groups.get(comm)
-                    if g is None:
-                        self._comm(comm, p)
-                        g = groups[comm] = ([], [], [])
-                    g[0].extend(evs)
-                    g[1].append((rec, evs))
-        for p in settle:
-            groups = pending.pop(p, None)
+                    self._take(rec, comm, evs, out)
+        for lane in [lane for lane in self.clock_us if lane[0] in settle]:
+            groups = self.pending.pop(lane, None)
             if groups:
-                self._judge(p, groups, out)
-            if p in self.clock_us and (
-                self.clock_us[p] - self._advanced_us.get(p, 0) >= self.advance_every_us
-            ):
-                self._advance_partition(p, out)
+                self._judge(lane, groups, out)
+            if self.clock_us[lane] - self._advanced_us.get(lane, 0) >= self.advance_every_us:
+                self._advance_lane(lane, out)
         self._due(out, self.wall())
         self._count(out)
         return out
 
-    def _take_columns(self, rec: Record, parts: list[EventColumns], out: Output) -> None:
-        """An Arrow message (already validated): the same steps as for event objects."""
-        for cols in parts:
-            bad = np.flatnonzero(cols.int("rank") >= cols.int("nranks"))
-            if bad.size:  # worded as contract_problem words it
-                i = int(bad[0])
-                problem = (
-                    f"event {i}: rank {int(cols.int('rank')[i])} is not below nranks "
-                    f"{int(cols.int('nranks')[i])}"
-                )
-                out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
-                return
-        self.stats.events += sum(c.n for c in parts)
+    def _take(self, rec: Record, comm: str, events: list[Event], out: Output) -> None:
+        """Put one communicator's events of one message into its lane's open slice."""
         p = rec.partition
-        self._active.add(p)
-        top = max(int(c.ts_us.max()) for c in parts)
-        end = self._slice_end.get(p)
-        pending = self.pending
+        c = self.comms.get(comm)
+        top = max(ev.ts_us for ev in events)
+        if c is not None and c.judged_us - top > self.allowed_lateness_us:
+            late = c.judged_us - top
+            self.late_events[c.job] = self.late_events.get(c.job, 0) + len(events)
+            out.late_events.append((c.job, len(events)))
+            out.deadletters.append(
+                dead_letter(
+                    rec,
+                    f"late by {late / 1e6:.0f} s: communicator {comm} of job {c.job} was "
+                    f"already judged up to {c.judged_us} (event time), these "
+                    f"{len(events)} events end at {top}; allowed lateness "
+                    f"{self.allowed_lateness_us / 1e6:g} s",
+                )
+            )
+            return
+        if c is None:
+            c = self._comm(comm, p, events[0].job)  # restored (or created) on arrival
+        lane = (c.partition, c.job)
+        self._active.add(lane)
+        end = self._slice_end.get(lane)
         if end is None or top >= end:
-            if end is not None and p in pending:
-                self._judge(p, pending.pop(p), out)
-                self._advance_partition(p, out)
-            self._slice_end[p] = top - top % self.advance_every_us + self.advance_every_us
-        if top > self.clock_us.get(p, -1):
-            self.clock_us[p] = top
-        groups = pending.setdefault(p, {})
-        for cols in parts:
-            g = groups.get(cols.comm)
-            if g is None:
-                self._comm(cols.comm, p)
-                g = groups[cols.comm] = ([], [], [])
-            g[2].append(cols)
-            g[1].append((rec, cols))
+            if end is not None and lane in self.pending:
+                self._judge(lane, self.pending.pop(lane), out)
+                self._advance_lane(lane, out)
+            self._slice_end[lane] = top - top % self.advance_every_us + self.advance_every_us
+        if top > self.clock_us.get(lane, -1):
+            self.clock_us[lane] = top
+        g = self.pending.setdefault(lane, {}).get(comm)
+        if g is None:
+            g = self.pending[lane][comm] = ([], [])
+        g[0].extend(events)
+        g[1].append((rec, events))
 
-    def _judge(self, p: int, groups: Slice, out: Output) -> None:
+    def _judge(
+        self,
+        lane: Lane,
+        groups: dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]],
+        out: Output,
+    ) -> None:
         now = self.wall()
-        clock = self.clock_us[p]
-        for comm, (events, parts, cols) in groups.items():
-            c = self._comm(comm, p)
-            n = len(events) + sum(x.n for x in cols)
+        clock = self.clock_us[lane]
+        for comm, (events, parts) in groups.items():
+            c = self.comms[comm]
+            top = max(ev.ts_us for ev in events)
+            if top > c.judged_us:
+                c.judged_us = top
             try:
-                out.concluded(_observe(c.detector, events, cols), clock)
+                out.concluded(c.detector.observe(events), clock)
             except Exception as err:
                 if len(parts) == 1:
                     self._detector_failed(comm, err, parts[0][0], out)
@@ -270,13 +282,10 @@ class CommRouter(StateRunner[str]):
                 # Retry message by message so only the offending one is dead-lettered.
                 for rec, evs in parts:
                     try:
-                        if isinstance(evs, EventColumns):
-                            out.concluded(_observe(c.detector, [], [evs]), clock)
-                        else:
-                            out.concluded(c.detector.observe(evs), clock)
+                        out.concluded(c.detector.observe(evs), clock)
                     except Exception as err1:
                         self._detector_failed(comm, err1, rec, out)
-            self.schedule.touch(comm, n, now)
+            self.schedule.touch(comm, len(events), now)
 
     def _detector_failed(self, comm: str, err: Exception, rec: Record, out: Output) -> None:
         self.stats.detector_errors += 1
@@ -289,12 +298,14 @@ class CommRouter(StateRunner[str]):
         reason = f"detector error in communicator {comm}: {type(err).__name__}: {err}"
         out.deadletters.append(dead_letter(rec, reason))
 
-    def _advance_partition(self, p: int, out: Output) -> None:
-        now_us = self.clock_us[p]
-        self._advanced_us[p] = now_us
+    def _advance_lane(self, lane: Lane, out: Output) -> None:
+        now_us = self.clock_us[lane]
+        self._advanced_us[lane] = now_us
         wall = self.wall()
-        for comm in list(self.by_partition.get(p, ())):
+        for comm in list(self.by_lane.get(lane, ())):
             c = self.comms[comm]
+            if now_us > c.judged_us:
+                c.judged_us = now_us
             try:
                 found = c.detector.advance(now_us)
             except Exception:
@@ -306,26 +317,39 @@ class CommRouter(StateRunner[str]):
                 self.schedule.touch(comm, 0, wall)
 
     def tick(self) -> Output:
-        """Wall-clock timer: close the open slice of every partition that got no message
-        since the previous tick (traffic stopped: judge it and advance, so a hang is
-        still found), take time-due checkpoints."""
+        """Wall-clock timer: close the open slice of every lane that got no message since
+        the previous tick (traffic stopped: judge it and advance, so a hang is still
+        found), take time-due checkpoints."""
         quiet = set(self.clock_us) - self._active
+        wall = self.wall()
+        for lane in self._active:
+            self._last_active[lane] = wall
         self._active.clear()
-        out = self.close_slices(quiet)
-        self._due(out, self.wall())
+        out = Output()
+        self._close_lanes(quiet, out)
+        for lane in [
+            x for x in quiet if wall - self._last_active.get(x, wall) > self.forget_lane_s
+        ]:
+            # Its communicators stay (with what they were judged up to); a new message
+            # of the job starts the lane again.
+            self.clock_us.pop(lane, None)
+            self._advanced_us.pop(lane, None)
+            self._slice_end.pop(lane, None)
+            self._last_active.pop(lane, None)
+        self._due(out, wall)
         self._count(out)
         return out
 
     def close_slices(self, partitions: set[int] | None = None) -> Output:
-        """Judge the open slice of ``partitions`` (all by default) and advance them."""
+        """Judge the open slices of ``partitions`` (all by default) and advance them."""
         out = Output()
-        self._close_slices(partitions, out)
+        self._close_lanes(self._lanes_of(partitions), out)
         return out
 
-    def _close_slices(self, partitions: set[int] | None, out: Output) -> None:
-        for p in list(self.clock_us if partitions is None else partitions):
-            groups = self.pending.pop(p, None)
+    def _close_lanes(self, lanes: set[Lane], out: Output) -> None:
+        for lane in sorted(lanes):
+            groups = self.pending.pop(lane, None)
             if groups:
-                self._judge(p, groups, out)
-            if p in self.clock_us and self.clock_us[p] > self._advanced_us.get(p, 0):
-                self._advance_partition(p, out)
+                self._judge(lane, groups, out)
+            if lane in self.clock_us and self.clock_us[lane] > self._advanced_us.get(lane, 0):
+                self._advance_lane(lane, out)

@@ -44,6 +44,11 @@ class Output:
     deadletters: list[DeadLetter] = field(default_factory=list)
     checkpoints: list[tuple[int, bytes, bytes]] = field(default_factory=list)
     """(partition, key, state bytes) to write to the table."""
+    late_events: list[tuple[str, int]] = field(default_factory=list)
+    """(job, events) dead-lettered as late beyond the allowed lateness."""
+    late_verdicts: list[tuple[str, str]] = field(default_factory=list)
+    """(job, outcome) per verdict that came behind its job's watermark: ``judged``
+    (within the allowed lateness) or ``deadlettered`` (beyond it)."""
 
     def concluded(self, verdicts: list[Verdict], clock_us: int) -> None:
         self.verdicts.extend(verdicts)

@@ -82,6 +82,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """An events partition from which no watermark at all arrived for this long (wall:
     its worker is gone) no longer holds back the correlator. Live workers report every
     ``tick_s``."""
+    forget_lane_s: PosFloat = 3600.0
+    """A job that sent nothing to an events partition for this long (wall) is forgotten
+    there: its watermarks stop (a finished job must not cost a message per tick forever).
+    Its communicators keep their state; a new message of the job starts again."""
     verdict_slice_s: PosFloat = 0.5
     """Verdicts concluded within one event-time slice of this length are judged together,
     ordered by ``ts_us`` (as ``DetectionPipeline`` with its default ``tick_us``)."""

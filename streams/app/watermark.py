@@ -20,17 +20,20 @@ __all__ = ["Watermark", "WatermarkSender", "decode_watermark", "encode_watermark
 
 
 class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Event-time progress of one ``c4.events`` partition, sent by agent 1 to agent 2.
+    """Event-time progress of one job in one ``c4.events`` partition, sent by agent 1 to
+    agent 2. ``job`` names the job the mark holds back; a mark without one speaks for the
+    partition as a whole (clock -1: nothing of any job there yet; older senders).
 
-    >>> decode_watermark(encode_watermark(Watermark(partition=3, clock_us=7)))
-    Watermark(partition=3, clock_us=7, caught_up=False, verdicts_offset=-1)
+    >>> decode_watermark(encode_watermark(Watermark(partition=3, clock_us=7, job="j")))
+    Watermark(partition=3, clock_us=7, caught_up=False, verdicts_offset=-1, job='j')
     >>> encode_watermark(Watermark(partition=3, clock_us=-1, caught_up=True))
     b'{"partition":3,"clock_us":-1,"caught_up":true}'
     """
 
     partition: int
     clock_us: int
-    """Newest ``ts_us`` judged in this partition; -1 if none since the sender started."""
+    """Newest ``ts_us`` judged in this partition (for ``job``); -1 if none since the
+    sender started."""
     caught_up: bool = False
     """The sender had judged everything in the partition (no consumer lag) when it sent
     this: the only case in which the partition may stop holding the watermark back."""
@@ -38,6 +41,8 @@ class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
     """Offset of the last verdict the sender had put on the ``c4.verdicts`` partition this
     watermark travels with (-1: none). The two topics are fetched independently, so the
     mark only counts once the correlator has read the verdicts partition that far."""
+    job: str | None = None
+    """The job whose event time this is (None: the partition as a whole)."""
 
 
 _wm_decoder = msgspec.json.Decoder(Watermark)
@@ -77,8 +82,8 @@ class WatermarkSender:
         self.verdicts_partitions = verdicts_partitions
         self.consumer = consumer
         self.send = send
-        self.marks_sent: dict[tuple[int, int], Watermark] = {}
-        """(events partition, verdicts partition) -> last watermark sent."""
+        self.marks_sent: dict[tuple[int, str | None, int], Watermark] = {}
+        """(events partition, job, verdicts partition) -> last watermark sent."""
         self.judged: dict[int, int] = {}
         """events partition -> next offset agent ``detect`` has not judged yet."""
         self.verdicts_sent: dict[int, int] = {}
@@ -111,22 +116,29 @@ class WatermarkSender:
         return nxt >= high
 
     async def send_all(
-        self, partitions: Iterable[int], clocks: dict[int, int], heartbeat: bool
+        self, partitions: Iterable[int], clocks: dict[tuple[int, str], int], heartbeat: bool
     ) -> None:
-        """Tell every correlator how far each events partition of this worker has been
-        judged (changes only; all on ``heartbeat``). Call after the verdicts are sent."""
-        for p in sorted(set(partitions) | set(clocks)):
-            clock, idle = clocks.get(p, -1), self.caught_up(p)
-            for q in range(self.verdicts_partitions):  # every correlator needs every clock
-                wm = Watermark(
-                    partition=p,
-                    clock_us=clock,
-                    caught_up=idle,
-                    verdicts_offset=self.verdicts_sent.get(q, -1),
-                )
-                old = self.marks_sent.get((p, q))
-                if not heartbeat and old is not None and old.clock_us == clock:
-                    if old.caught_up == idle:
-                        continue
-                await self.send(q, str(p).encode(), encode_watermark(wm))
-                self.marks_sent[(p, q)] = wm
+        """Tell every correlator how far each job in each events partition of this worker
+        has been judged (``clocks``: (partition, job) -> clock; changes only, all on
+        ``heartbeat``). A partition with no job yet reports itself, at clock -1. Call
+        after the verdicts are sent."""
+        lanes: dict[int, list[tuple[str | None, int]]] = {p: [] for p in partitions}
+        for (p, job), clock in sorted(clocks.items()):
+            lanes.setdefault(p, []).append((job, clock))
+        for p, jobs in sorted(lanes.items()):
+            idle = self.caught_up(p)
+            for job, clock in jobs or [(None, -1)]:
+                for q in range(self.verdicts_partitions):  # every correlator needs every clock
+                    wm = Watermark(
+                        partition=p,
+                        clock_us=clock,
+                        caught_up=idle,
+                        verdicts_offset=self.verdicts_sent.get(q, -1),
+                        job=job,
+                    )
+                    old = self.marks_sent.get((p, job, q))
+                    if not heartbeat and old is not None and old.clock_us == clock:
+                        if old.caught_up == idle:
+                            continue
+                    await self.send(q, str(p).encode(), encode_watermark(wm))
+                    self.marks_sent[(p, job, q)] = wm

@@ -13,7 +13,7 @@ True
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from river import anomaly
@@ -152,7 +152,14 @@ class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     job_hosts: int | None = None
     """Hosts in the job, when known; otherwise the largest communicator seen tells."""
     horizon_us: int = 60_000_000
-    """Evidence older than this (event time) is forgotten."""
+    """Evidence older than this (event time of its own job) is forgotten."""
+    allowed_lateness_us: Annotated[int, msgspec.Meta(ge=0, le=15_000_000)] = 10_000_000
+    """Event time is kept per job. A verdict behind its job's correlator clock by at most
+    this much is judged as if in order; a later one is not judged but reported
+    (:class:`~streams.core.correlate.LateEvidence`; the worker dead-letters it with
+    "late by N s"). The worker also dead-letters events this much behind the time their
+    communicator was already judged up to, and lets a quiet job's clock run on by wall
+    time at most half this far. At most 15 s (how long victim notes are kept)."""
     hang_min_score: float = 0.8
     """Summed verdict score needed for a hang."""
     hang_settle_us: int = 1_500_000

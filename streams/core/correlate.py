@@ -13,6 +13,14 @@ A non-communication hang that names one GPU waits up to ``host_wait_us`` for the
 other GPUs: when two or more stopped (blamed elsewhere, or noted silent where nobody
 waits for them), the command names the host (no GPU) and says it went silent.
 
+Event time is kept per job: each job has its own clock (the newest ``ts_us`` of its
+verdicts, or what :meth:`HostCorrelator.advance` says for it), and its horizon,
+cool-downs and cap are measured on that clock only, so a job whose telemetry runs
+minutes behind another's (a delayed exporter, a trace replayed into a live pipeline)
+keeps all its evidence. A verdict behind its job's clock by more than
+``allowed_lateness_us`` is not judged (the notes that would explain it are gone):
+:meth:`~HostCorrelator.observe` raises :class:`LateEvidence`, never drops it silently.
+
 Rails: deny list, the cap on isolated hosts per hour, and hangs on many hosts at once
 (a job-wide stop such as a long checkpoint, not a faulty component) turn a command into
 ``alert_only``; the cool-down per host drops further commands for it; ``dry_run``
@@ -63,11 +71,29 @@ from streams.core.findings import (
 from streams.core.stats import stable_id
 from streams.verdicts import Verdict
 
-__all__ = ["HostCorrelator"]
+__all__ = ["HostCorrelator", "LateEvidence"]
 
 _HANGS = ("noncomm_hang", "comm_hang")
 _WAIT_MEMORY_US = 15_000_000  # a "waiting" note clears a GPU for this long
 _MAX_ENTRIES = 256
+
+
+class LateEvidence(ValueError):
+    """A verdict is behind its job's event time by more than the allowed lateness.
+
+    The correlator did not judge it: the victim notes and episodes of that moment are
+    already forgotten, so judging it now could blame a victim. The worker dead-letters
+    the verdict with this message (``late by N s: ...``) and counts it per job; raise
+    ``allowed_lateness_us`` (up to the 15 s the notes are kept) if this is routine.
+    """
+
+    def __init__(self, job: str, late_us: int, clock_us: int, allowed_us: int) -> None:
+        self.job = job
+        self.late_us = late_us
+        super().__init__(
+            f"late by {late_us / 1e6:.0f} s: job {job}'s correlator clock is at {clock_us} "
+            f"(event time); verdicts more than {allowed_us / 1e6:g} s behind it are not judged"
+        )
 
 
 @dataclass(slots=True)
@@ -94,7 +120,14 @@ class HostCorrelator:
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
-        self.now = -1
+        if config.allowed_lateness_us > _WAIT_MEMORY_US:
+            raise ValueError(
+                f"policy allowed_lateness_us {config.allowed_lateness_us} is above "
+                f"{_WAIT_MEMORY_US}: victim notes are kept that long, later verdicts "
+                "could not be judged safely"
+            )
+        self.clock: dict[str, int] = {}
+        """Event time per job: newest verdict ``ts_us`` or advance() for that job."""
         self.episodes: dict[tuple[str, str, str], _Episode] = {}
         self.waiting: dict[tuple[str, str, int, str], dict[str, tuple[int, int, float]]] = {}
         """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms)}: where a GPU
@@ -119,13 +152,25 @@ class HostCorrelator:
         late in every replica too: one host, not a role), and in every communicator it
         belongs to (a GPU flagged in communicators of two shapes is never a role)."""
 
+    @property
+    def now(self) -> int:
+        """The newest clock of any job (for status; decisions read their job's clock)."""
+        return max(self.clock.values(), default=-1)
+
     # ------------------------------------------------------------------ public API
     def observe(self, verdict: Verdict) -> list[IsolationCommand]:
         """Take one verdict (evidence read as its typed struct; ``ValueError`` when a
-        field has the wrong type); returns the commands it decided."""
+        field has the wrong type); returns the commands it decided.
+
+        Raises :class:`LateEvidence` (nothing is changed) when the verdict is behind its
+        job's clock by more than ``allowed_lateness_us``."""
         v = verdict
-        self.now = max(self.now, v.ts_us)
+        clock = self.clock.get(v.job, -1)
+        if clock - v.ts_us > self.config.allowed_lateness_us and clock >= 0:
+            raise LateEvidence(v.job, clock - v.ts_us, clock, self.config.allowed_lateness_us)
         hosts = comm_facts(v.evidence).comm_hosts
+        if v.ts_us > clock:
+            self.clock[v.job] = v.ts_us
         if hosts > self.job_hosts.get(v.job, 0):
             self.job_hosts[v.job] = hosts
         if v.benign:
@@ -169,13 +214,20 @@ class HostCorrelator:
         cmd = self._decide(key, ep)
         return [cmd] if cmd else []
 
-    def advance(self, now_us: int) -> list[IsolationCommand]:
-        if now_us > self.now:
-            self.now = now_us
-        self._prune()
+    def advance(self, now_us: int, job: str | None = None) -> list[IsolationCommand]:
+        """Move ``job``'s clock on to ``now_us`` (event time passes without verdicts), age
+        out its old evidence and decide its hangs that have waited long enough.
+
+        ``job`` None moves every known job: only right when all share one clock (one job
+        per stream, or tests); the pipeline and the worker pass the job."""
+        jobs = list(self.clock) if job is None else [job]
+        for j in jobs:
+            if now_us > self.clock.get(j, -1):
+                self.clock[j] = now_us
+        self._prune(set(jobs))
         out = []
         for key, ep in list(self.episodes.items()):
-            if not ep.decided and key[2] in _HANGS:
+            if not ep.decided and key[2] in _HANGS and key[0] in jobs:
                 cmd = self._decide(key, ep)
                 if cmd:
                     out.append(cmd)
@@ -196,20 +248,35 @@ class HostCorrelator:
             raise ck.CheckpointError(f"correlator checkpoint: {err}") from None
 
     # ------------------------------------------------------------------ internals
-    def _prune(self) -> None:
-        cut = self.now - self.config.horizon_us
-        for key in [k for k, ep in self.episodes.items() if ep.entries[-1].ts < cut]:
+    def _prune(self, jobs: set[str]) -> None:
+        """Forget what is old on each job's own clock (keys all start with the job)."""
+        clock = self.clock
+        h = self.config.horizon_us
+        for key in [
+            k
+            for k, ep in self.episodes.items()
+            if k[0] in jobs and ep.entries[-1].ts < clock[k[0]] - h
+        ]:
             if not ep_in_cooldown(self, key):
                 del self.episodes[key]
-        wcut = self.now - _WAIT_MEMORY_US
-        for k in [k for k, t in self._waiting_last.items() if t < wcut]:
+        for k in [
+            k
+            for k, t in self._waiting_last.items()
+            if k[0] in jobs and t < clock[k[0]] - _WAIT_MEMORY_US
+        ]:
             del self.waiting[k], self._waiting_last[k]
-        for k in [k for k, g in self.silent.items() if max(g.values()) < wcut]:
+        for k in [
+            k
+            for k, g in self.silent.items()
+            if k[0] in jobs and max(g.values()) < clock[k[0]] - _WAIT_MEMORY_US
+        ]:
             del self.silent[k]
-        for k in [k for k, t in self.cooldown.items() if t < self.now]:
+        for k in [k for k, t in self.cooldown.items() if k[0] in jobs and t < clock[k[0]]]:
             del self.cooldown[k]
-        cut = self.now - self.config.horizon_us
         for k, seen in list(self.roles.items()):
+            if k[0] not in jobs:
+                continue
+            cut = clock[k[0]] - h
             for c in [c for c, ts in seen.items() if ts < cut]:
                 del seen[c]
             if not seen:
@@ -228,11 +295,11 @@ class HostCorrelator:
         if not isinstance(ev, StragglerEvidence) or ev.position < 0:
             return False
         seen = self.roles.get((job, ev.comm_hosts, ev.nranks, ev.position), {})
-        cut = self.now - self.config.horizon_us
+        cut = self.clock.get(job, -1) - self.config.horizon_us
         return sum(1 for ts in seen.values() if ts >= cut) >= self.config.role_replicas
 
     def _live(self, key: tuple[str, str, str], ep: _Episode) -> list[_Entry]:
-        cut = self.now - self.config.horizon_us
+        cut = self.clock[key[0]] - self.config.horizon_us
         job, host, fault = key
         out = [e for e in ep.entries if e.ts >= cut]
         if fault in ("noncomm_hang", "straggler"):
@@ -264,7 +331,8 @@ class HostCorrelator:
     def _decide(self, key: tuple[str, str, str], ep: _Episode) -> IsolationCommand | None:
         job, host, fault = key
         cfg = self.config
-        if (job, host) in self.cooldown and self.cooldown[(job, host)] >= self.now:
+        now = self.clock[job]
+        if (job, host) in self.cooldown and self.cooldown[(job, host)] >= now:
             return None
         live = self._live(key, ep)
         if not live:
@@ -280,13 +348,13 @@ class HostCorrelator:
         comms = {e.comm for e in best.values()}
         if fault in _HANGS:
             first = min(e.ts for e in live)
-            if total < cfg.hang_min_score or self.now - first < cfg.hang_settle_us:
+            if total < cfg.hang_min_score or now - first < cfg.hang_settle_us:
                 return None
             # one GPU so far: wait a little for the host's other communicators, which
             # tell a dead host (every GPU stops) from one hung process
             gpus = {e.comp[0] for e in best.values() if e.comp[0] is not None}
             gpus |= self._silent_gpus(job, host, first)
-            if fault == "noncomm_hang" and len(gpus) < 2 and self.now - first < cfg.host_wait_us:
+            if fault == "noncomm_hang" and len(gpus) < 2 and now - first < cfg.host_wait_us:
                 return None
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
@@ -303,7 +371,44 @@ class HostCorrelator:
             if self._silent_gpus(job, host, first) - {comp[0]}:  # its other GPUs went quiet
                 comp = (None, None, None)
         rail = self._job_wide_rail(job, min(e.ts for e in live)) if fault in _HANGS else ""
-        return self._command(key, ep, comp, chosen, total, windows, comms, rail)
+        at = min(now, self._enough_at(job, host, fault, live))
+        return self._command(key, ep, comp, chosen, total, windows, comms, at, rail)
+
+    def _enough_at(self, job: str, host: str, fault: str, live: list[_Entry]) -> int:
+        """The earliest event time at which ``live`` (evidence found enough) was enough,
+        by the rules of :meth:`_decide` applied to its prefixes in ``ts`` order.
+
+        Commands are stamped with it, so the stamp does not depend on how often the
+        clock was advanced (every slice offline, in coarser steps in a busy worker)."""
+        cfg = self.config
+        first = min(e.ts for e in live)
+        notes = self.silent.get((job, host), {})
+        silent = sorted(t for t in notes.values() if t >= first - _WAIT_MEMORY_US)
+        best: dict[tuple[str, int], _Entry] = {}
+        total = 0.0
+        found: list[int] = []
+        for e in sorted(live, key=lambda x: x.ts):
+            k = (e.comm, e.window)
+            old = best.get(k)
+            if old is None or e.score > old.score:
+                total += e.score - (old.score if old is not None else 0.0)
+                best[k] = e
+            if fault not in _HANGS:
+                windows = len({b.window for b in best.values()})
+                if windows >= cfg.slow_min_windows and total >= cfg.slow_min_score:
+                    return e.ts  # decided on arrival: the first prefix that is enough
+                continue
+            if total < cfg.hang_min_score:
+                continue
+            at = max(e.ts, first + cfg.hang_settle_us)
+            if fault == "noncomm_hang":
+                n = len({b.comp[0] for b in best.values() if b.comp[0] is not None})
+                if n < 2 and n + len(silent) >= 2:  # silence notes make it two GPUs
+                    at = max(at, min(first + cfg.host_wait_us, silent[1 - n]))
+                elif n < 2:
+                    at = max(at, first + cfg.host_wait_us)
+            found.append(at)
+        return min(found) if found else max(e.ts for e in live)
 
     def _job_wide_rail(self, job: str, first_ts: int) -> str:
         """Why not to isolate, when hangs started on many of the job's hosts at once.
@@ -359,10 +464,13 @@ class HostCorrelator:
         total: float,
         windows: set[int],
         comms: set[str],
+        at: int,
         rail: str = "",
     ) -> IsolationCommand:
+        """The command, stamped ``at`` (when its evidence became enough, event time)."""
         job, host, fault = key
         cfg = self.config
+        now = self.clock[job]
         gpu, nic, peer = comp
         cid = "c4-" + stable_id(job, host, fault, gpu, nic, peer, ep.first_window)
         action: Action = cfg.actions.get(fault, "alert_only")  # type: ignore[arg-type]
@@ -372,7 +480,7 @@ class HostCorrelator:
             action, rail = "alert_only", " Not isolated: the host is on the deny list."
         elif action != "alert_only":
             log = self.isolated.setdefault(job, deque())
-            while log and log[0] < self.now - cfg.cap_period_us:
+            while log and log[0] < now - cfg.cap_period_us:
                 log.popleft()
             n_hosts = cfg.job_hosts or self.job_hosts.get(job, 1)
             cap = max(1, math.floor(cfg.max_isolated_frac * n_hosts))
@@ -383,9 +491,9 @@ class HostCorrelator:
                     f"isolated in the last hour (cap {cap})."
                 )
             else:
-                log.append(self.now)
+                log.append(at)
         ep.decided = cid
-        self.cooldown[(job, host)] = self.now + cfg.cooldown_us
+        self.cooldown[(job, host)] = at + cfg.cooldown_us
         used = {e.comm for e in chosen}
         w0 = min(e.window for e in chosen)
         w1 = max(e.ts for e in chosen)
@@ -396,7 +504,7 @@ class HostCorrelator:
             "verdicts": len(chosen),
             "score": round(total, 3),
             "first_window_us": w0,
-            "decided_after_s": round((self.now - w0) / 1e6, 1),
+            "decided_after_s": round((at - w0) / 1e6, 1),
             "all_communicators": len(comms),
             "all_windows": len(windows),
         }
@@ -404,7 +512,7 @@ class HostCorrelator:
         reason = _reason(fault, host, comp, chosen, w0, w1, silent) + rail
         return IsolationCommand(
             id=cid,
-            ts_us=self.now,
+            ts_us=at,
             job=job,
             host=host,
             fault=fault,  # type: ignore[arg-type]
@@ -567,6 +675,9 @@ class _CorrelatorState(msgspec.Struct, array_like=True):
     suppressed: int
     roles: list[tuple[str, int, int, int, str, int]]
     """(job, comm hosts, ranks, position, suspect host, last ts)"""
+    clock: dict[str, int] = {}
+    """Event time per job (``now`` is their newest; a checkpoint without this field
+    gives every job ``now``)."""
 
 
 def _state_of(c: HostCorrelator) -> _CorrelatorState:
@@ -589,11 +700,12 @@ def _state_of(c: HostCorrelator) -> _CorrelatorState:
         job_host_names={j: sorted(n) for j, n in c.job_host_names.items()},
         suppressed=c.suppressed,
         roles=[(*k, h, ts) for k, t in c.roles.items() for h, ts in t.items()],
+        clock=dict(c.clock),
     )
 
 
 def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
-    c.now = st.now
+    c.clock = dict(st.clock)
     for es in st.episodes:
         ep = _Episode(first_window=es.first_window, decided=es.decided)
         for e in es.entries:
@@ -614,4 +726,7 @@ def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
     c.suppressed = st.suppressed
     for job, hosts, nranks, pos, host, ts in st.roles:
         c.roles.setdefault((job, hosts, nranks, pos), {})[host] = ts
+    if not st.clock and st.now >= 0:  # written before per-job clocks: one clock for all
+        jobs = {k[0] for k in c.episodes} | {k[0] for k in c.cooldown} | set(c.job_hosts)
+        c.clock = dict.fromkeys(jobs, st.now)
     return c

@@ -5,6 +5,13 @@ slices (``tick_us``); after each slice every detector's clock is advanced (so si
 and hangs are found even where nothing arrives) and the verdicts go, in event-time
 order, to the :class:`HostCorrelator`.
 
+Event time is per job: each job has its own clock and its own slices (a *lane*), and
+only that job's communicators and correlator state are advanced by it, so two jobs whose
+clocks are minutes apart in one stream are each judged on their own time. Events behind
+the time their communicator was already judged up to by more than the policy's
+``allowed_lateness_us`` (one host's backlog after the rest of its job went on) cannot be
+judged any more: they are counted in ``late_events``, as the worker dead-letters them.
+
 >>> p = DetectionPipeline()
 >>> p.feed([]) == [] and p.finish() == []
 True
@@ -13,22 +20,38 @@ True
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from producers.events import Event
 from streams.commands import IsolationCommand
 from streams.core.columns import EventColumnsLike
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
-from streams.core.correlate import HostCorrelator
+from streams.core.correlate import HostCorrelator, LateEvidence
 from streams.core.snapshot import judge_snapshot
 from streams.verdicts import Verdict
 
 __all__ = ["DetectionPipeline"]
 
 
+@dataclass(slots=True)
+class _Lane:
+    """One job's event time: its clock, its open slice and what is buffered in it."""
+
+    now: int = -1
+    slice_end: int = -1
+    buf: dict[str, list[Event]] = field(default_factory=dict)
+    buffered: int = 0
+    comms: list[str] = field(default_factory=list)
+    """The job's communicators, in the order they were first seen."""
+    cols: dict[str, list[EventColumnsLike]] = field(default_factory=dict)
+    """Communicators fed as columns: their parts of the open slice (``buf`` holds an
+    empty list for them, so the order of communicators is the order of arrival)."""
+
+
 class DetectionPipeline:
     """Offline/broker-free path: routes events by comm to CommDetectors, verdicts to the
-    HostCorrelator, in event time."""
+    HostCorrelator, in event time per job."""
 
     def __init__(
         self,
@@ -43,22 +66,36 @@ class DetectionPipeline:
         self.correlator = HostCorrelator(self.policy_config)
         self.verdicts: list[Verdict] = []
         self.commands: list[IsolationCommand] = []
+        self.late: list[tuple[Verdict, str]] = []
+        """Verdicts the correlator did not judge, with why (late beyond the allowed
+        lateness; cannot happen while each job's events come in order)."""
+        self.late_events: list[tuple[str, str, int, int]] = []
+        """(job, comm, events, late by µs) per batch not judged: beyond the allowed
+        lateness behind what its communicator was already judged up to."""
         self.n_events = 0
+        self.lanes: dict[str, _Lane] = {}
+        self._judged: dict[str, int] = {}
+        """comm -> event time its detector was judged up to (observed or advanced)."""
+        self._lateness = self.policy_config.allowed_lateness_us
         self.snapshot_comms: set[str] = set()
-        self.now = -1
         self._tick_us = tick_us
         self._max_buffer = max_buffer
-        self._slice_end = -1
-        self._buf: dict[str, list[Event]] = {}
-        self._cols: dict[str, list[EventColumnsLike]] = {}
-        """Communicators fed as columns: their parts of the open slice (``_buf`` holds
-        an empty list for them, so the order of communicators is the order of arrival)."""
-        self._buffered = 0
+
+    @property
+    def now(self) -> int:
+        """The newest event time of any job."""
+        return max((lane.now for lane in self.lanes.values()), default=-1)
+
+    def _lane(self, job: str) -> _Lane:
+        lane = self.lanes.get(job)
+        if lane is None:
+            lane = self.lanes[job] = _Lane()
+        return lane
 
     def feed(self, events: Iterable[Event]) -> list[IsolationCommand]:
-        """Take events in (roughly) event-time order; returns commands decided meanwhile."""
+        """Take events in (roughly) event-time order per job; returns commands decided
+        meanwhile."""
         out: list[IsolationCommand] = []
-        buf = self._buf
         if isinstance(events, list) and events:
             # fast path: an exporter batch holds one communicator's events of one host.
             # List comprehensions, not generator expressions: this runs for every event.
@@ -67,35 +104,45 @@ class DetectionPipeline:
                 tss = [e.ts_us for e in events]
                 ts_lo = min(tss)
                 ts_hi = max(tss)
-                if ts_lo >= self._slice_end or self._buffered >= self._max_buffer:
-                    if self._buffered:
-                        out += self._flush()
-                    if ts_lo >= self._slice_end:
-                        self._slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
-                if ts_hi > self.now:
-                    self.now = ts_hi
-                b = buf.get(comm)
+                judged = self._judged.get(comm, -1)
+                if judged - ts_hi > self._lateness:
+                    self.late_events.append((events[0].job, comm, len(events), judged - ts_hi))
+                    return out
+                lane = self._lane(events[0].job)
+                if ts_lo >= lane.slice_end or lane.buffered >= self._max_buffer:
+                    if lane.buffered:
+                        out += self._flush(events[0].job, lane)
+                    if ts_lo >= lane.slice_end:
+                        lane.slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
+                if ts_hi > lane.now:
+                    lane.now = ts_hi
+                b = lane.buf.get(comm)
                 if b is None:
-                    buf[comm] = list(events)
+                    lane.buf[comm] = list(events)
                 else:
                     b.extend(events)
-                self._buffered += len(events)
+                lane.buffered += len(events)
                 return out
         for e in events:
             ts = e.ts_us
-            if ts >= self._slice_end or self._buffered >= self._max_buffer:
-                if self._buffered:
-                    out += self._flush()
-                if ts >= self._slice_end:
-                    self._slice_end = ts - ts % self._tick_us + self._tick_us
-            if ts > self.now:
-                self.now = ts
-            b = buf.get(e.comm)
+            judged = self._judged.get(e.comm, -1)
+            if judged - ts > self._lateness:
+                self.late_events.append((e.job, e.comm, 1, judged - ts))
+                continue
+            lane = self._lane(e.job)
+            if ts >= lane.slice_end or lane.buffered >= self._max_buffer:
+                if lane.buffered:
+                    out += self._flush(e.job, lane)
+                if ts >= lane.slice_end:
+                    lane.slice_end = ts - ts % self._tick_us + self._tick_us
+            if ts > lane.now:
+                lane.now = ts
+            b = lane.buf.get(e.comm)
             if b is None:
-                buf[e.comm] = [e]
+                lane.buf[e.comm] = [e]
             else:
                 b.append(e)
-            self._buffered += 1
+            lane.buffered += 1
         return out
 
     def feed_columns(self, parts: Sequence[EventColumnsLike]) -> list[IsolationCommand]:
@@ -109,17 +156,22 @@ class DetectionPipeline:
                 continue
             ts = cols.int("ts_us")
             ts_lo, ts_hi = int(ts.min()), int(ts.max())
-            if ts_lo >= self._slice_end or self._buffered >= self._max_buffer:
-                if self._buffered:
-                    out += self._flush()
-                if ts_lo >= self._slice_end:
-                    self._slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
-            if ts_hi > self.now:
-                self.now = ts_hi
-            comm = cols.comm
-            self._buf.setdefault(comm, [])
-            self._cols.setdefault(comm, []).append(cols)
-            self._buffered += cols.n
+            comm, job = cols.comm, cols.job
+            judged = self._judged.get(comm, -1)
+            if judged - ts_hi > self._lateness:
+                self.late_events.append((job, comm, cols.n, judged - ts_hi))
+                continue
+            lane = self._lane(job)
+            if ts_lo >= lane.slice_end or lane.buffered >= self._max_buffer:
+                if lane.buffered:
+                    out += self._flush(job, lane)
+                if ts_lo >= lane.slice_end:
+                    lane.slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
+            if ts_hi > lane.now:
+                lane.now = ts_hi
+            lane.buf.setdefault(comm, [])
+            lane.cols.setdefault(comm, []).append(cols)
+            lane.buffered += cols.n
         return out
 
     def judge_snapshot(self, events: Sequence[Event]) -> list[IsolationCommand]:
@@ -129,11 +181,17 @@ class DetectionPipeline:
         verdicts = judge_snapshot(events, self.detect_config)
         self.n_events += len(events)
         self.snapshot_comms.update(e.comm for e in events)
-        self.now = max(self.now, max((e.ts_us for e in events), default=-1))
+        for e in events:  # the snapshot's time is its job's time
+            lane = self._lane(e.job)
+            if e.ts_us > lane.now:
+                lane.now = e.ts_us
         verdicts.sort(key=lambda v: (v.ts_us, not v.benign))
         out: list[IsolationCommand] = []
         for v in verdicts:
-            out += self.correlator.observe(v)
+            try:
+                out += self.correlator.observe(v)
+            except LateEvidence as err:
+                self.late.append((v, str(err)))
         self.verdicts += verdicts
         self.commands += out
         return out
@@ -142,38 +200,50 @@ class DetectionPipeline:
         """End of input: judge what is buffered, then decide what waits for more
         evidence (a hang's settle time, a host's other GPUs): none will come. Returns
         the last commands."""
-        out = self._flush() if self._buffered else []
+        out: list[IsolationCommand] = []
+        for job, lane in self.lanes.items():
+            if lane.buffered:
+                out += self._flush(job, lane)
         pc = self.policy_config
-        late = self.correlator.advance(self.now + max(pc.hang_settle_us, pc.host_wait_us))
+        wait = max(pc.hang_settle_us, pc.host_wait_us)
+        late: list[IsolationCommand] = []
+        for job, lane in self.lanes.items():  # each job on its own clock
+            late += self.correlator.advance(lane.now + wait, job)
         self.commands += late
         return out + late
 
-    def _flush(self) -> list[IsolationCommand]:
+    def _flush(self, job: str, lane: _Lane) -> list[IsolationCommand]:
         verdicts: list[Verdict] = []
-        for comm, evs in self._buf.items():
+        for comm, evs in lane.buf.items():
             d = self.detectors.get(comm)
             if d is None:
                 d = self.detectors[comm] = CommDetector(comm, self.detect_config)
-            cols = self._cols.get(comm)
+                lane.comms.append(comm)
+            cols = lane.cols.get(comm)
             if cols is None:
                 verdicts += d.observe(evs)
             elif not evs:
                 verdicts += d.observe_columns(cols[0].concat(cols))
             else:  # fed both ways in one slice (mixed inputs): as objects
                 verdicts += d.observe(evs + [e for c in cols for e in c.to_events()])
-        self.n_events += self._buffered
-        self._buf.clear()  # in place: feed() holds a reference to this dict
-        self._cols.clear()
-        self._buffered = 0
-        now = self.now
-        for d in self.detectors.values():
-            verdicts += d.advance(now)
+        self.n_events += lane.buffered
+        lane.buf.clear()  # in place: feed() holds a reference to this dict
+        lane.cols.clear()
+        lane.buffered = 0
+        now = lane.now
+        judged = self._judged
+        for comm in lane.comms:  # only this job's communicators live on its clock
+            verdicts += self.detectors[comm].advance(now)
+            judged[comm] = now  # >= every event just observed: lane.now is their max
         # notes (benign) first: they say who is a victim before a culprit is judged
         verdicts.sort(key=lambda v: (v.ts_us, not v.benign))
         out: list[IsolationCommand] = []
         for v in verdicts:
-            out += self.correlator.observe(v)
-        out += self.correlator.advance(now)
+            try:
+                out += self.correlator.observe(v)
+            except LateEvidence as err:
+                self.late.append((v, str(err)))
+        out += self.correlator.advance(now, job)
         self.verdicts += verdicts
         self.commands += out
         return out

@@ -126,7 +126,7 @@ def test_redelivery_and_restart_act_once(
         return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
 
     # First run: stopped with SIGTERM once both actions are seen.
-    first = actuate("actuator-1")
+    first = actuate(f"{topics['isolations']}-actuator-1")
     deadline = time.monotonic() + 40
     while len(actions(out)) < 2 and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.1)
@@ -139,7 +139,7 @@ def test_redelivery_and_restart_act_once(
     # The same command once more, and a restart under a new group, which re-reads the
     # topic from the start as if the committed offsets were lost: nothing acts again.
     produce(kafka_bootstrap, topics["isolations"], [encode_command(a)])
-    second = actuate("actuator-2", "--exit-when-idle", "1.5")
+    second = actuate(f"{topics['isolations']}-actuator-2", "--exit-when-idle", "1.5")
     _, stderr = second.communicate(timeout=40)
     assert second.returncode == 0, stderr
     assert "received 5, invalid 1, duplicate 4" in stderr
@@ -183,7 +183,7 @@ def test_deny_list_alert_only_and_dry_run_never_act(
         )
 
     with Ledger(tmp_path / "ledger.sqlite3") as led:
-        dry = run(cfg("dry", execute=False), backend, led)
+        dry = run(cfg(f"{topics['isolations']}-dry", execute=False), backend, led)
         assert dry.received == 4 and actions(out) == []
         status = {e.id: e.status for e in led.entries()}
         assert status == {
@@ -194,7 +194,7 @@ def test_deny_list_alert_only_and_dry_run_never_act(
         }
         # The same commands to an actuator with --execute: only "real" acts; the
         # earlier dry run did not block it.
-        live = run(cfg("live", execute=True), backend, led)
+        live = run(cfg(f"{topics['isolations']}-live", execute=True), backend, led)
         assert live.by_decision == {"acted": 1, "alert_only": 1, "denied": 1, "dry_run": 1}
         assert actions(out) == [["drain", "node009", "real"]]
 

@@ -40,8 +40,8 @@ def _decide(records: list[Record], batch: int) -> tuple[list[bytes], list[bytes]
         ]
     )
     marks = [
-        Record("wm", 0, i, None, encode_watermark(Watermark(partition=p, clock_us=t)))
-        for i, (p, t) in enumerate(r.clock_us.items())
+        Record("wm", 0, i, None, encode_watermark(Watermark(partition=p, clock_us=t, job=j)))
+        for i, ((p, j), t) in enumerate(r.clock_us.items())
     ]
     out = c.process(marks)
     return [encode_verdict(v) for v in verdicts], [encode_command(x) for x in out.commands]

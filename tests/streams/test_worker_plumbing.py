@@ -107,7 +107,7 @@ class StandInCorrelator:
             )
         ]
 
-    def advance(self, now_us: int) -> list[IsolationCommand]:
+    def advance(self, now_us: int, job: str | None = None) -> list[IsolationCommand]:
         return []
 
     def to_bytes(self) -> bytes:

@@ -85,10 +85,10 @@ def test_router_and_correlator_decide_like_the_offline_pipeline(
         for i, (v, t) in enumerate(zip(verdicts, clocks, strict=True))
     ]
     held = c.process(vrecs)
-    assert held.commands == [] and sum(map(len, c.pending.values())) == len(verdicts)
+    assert held.commands == [] and held_count(c) == len(verdicts)
     marks = [
-        Record("wm", 0, i, None, encode_watermark(Watermark(partition=p, clock_us=t)))
-        for i, (p, t) in enumerate(r.clock_us.items())
+        Record("wm", 0, i, None, encode_watermark(Watermark(partition=p, clock_us=t, job=j)))
+        for i, ((p, j), t) in enumerate(r.clock_us.items())
     ]
     out = c.process(marks)
     assert [(x.host, x.gpu, x.fault, x.id) for x in out.commands] == [
@@ -216,6 +216,10 @@ def verdict_records(out: Output, first_offset: int) -> list[Record]:
     ]
 
 
+def held_count(c: CorrelatorRunner) -> int:
+    return sum(len(h) for jobs in c.pending.values() for h in jobs.values())
+
+
 def mark(p: int, t: int, offset: int = 0, **kw: object) -> Record:
     return Record("wm", 0, offset, None, encode_watermark(Watermark(partition=p, clock_us=t, **kw)))
 
@@ -248,13 +252,13 @@ def test_verdicts_stream_in_like_agent_1_sends_them_and_decide_like_offline(
         vrecs = verdict_records(out, n_v)
         n_v += len(vrecs)
         # Every tick agent 1 reports every partition it serves (lagging ones included).
-        clocks = [r.clock_us.get(p, -1) for p in range(partitions)]
+        clocks = [r.partition_clock(p) for p in range(partitions)]
         marks = [mark(p, t, verdicts_offset=n_v - 1) for p, t in enumerate(clocks)]
         commands += c.process(vrecs + marks).commands
         wall[0] += 60.0  # minutes of wall time per batch: neither idle_s nor max_hold_s apply
     out = r.close_slices()  # end of input, as DetectionPipeline.finish()
     vrecs = verdict_records(out, n_v)
-    commands += c.process(vrecs + [mark(p, t) for p, t in r.clock_us.items()]).commands
+    commands += c.process(vrecs + [mark(p, t, job=j) for (p, j), t in r.clock_us.items()]).commands
     commands += c.flush().commands
     assert [(x.host, x.gpu, x.fault, x.id) for x in commands] == [
         (x.host, x.gpu, x.fault, x.id) for x in offline.commands
@@ -297,4 +301,4 @@ def test_a_watermark_waits_for_the_verdicts_it_covers() -> None:
     c.process([mark(0, 2_000_000, offset=0, verdicts_offset=5)])  # fetched before verdict 5
     assert c.watermark(wall[0]) is None
     c.process([Record("v", 0, 5, None, encode_verdict(v))])
-    assert c.watermark(wall[0]) == 2_000_000 and not c.pending[0]
+    assert c.watermark(wall[0]) == 2_000_000 and held_count(c) == 0
