@@ -34,10 +34,10 @@ The dump time is not in the file: it is the newest timestamp in the entries, mov
 to the file's mtime when that lies within the largest ``timeout_ms`` (+1 min) after it —
 a watchdog dump is written right after the timeout, a copied file is not trusted.
 
-What it cannot tell: the hostname (``host`` is ``host_rank<N>`` like PyTorch's analyzer,
-unless the dump carries a ``hostname``), GPU and NIC, per-connection traffic, anything
-older than the ring buffer, and p2p operations are skipped (``p2p_seq_id`` does not
-match across ranks).
+What it cannot tell: the hostname (``host`` is ``host-rank<N>``, PyTorch's analyzer's
+``host_rank<N>`` made a valid RFC 1123 name, unless the dump carries a ``hostname``),
+GPU and NIC, per-connection traffic, anything older than the ring buffer, and p2p
+operations are skipped (``p2p_seq_id`` does not match across ranks).
 
 >>> dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg",
 ...         "ranks": "[0, 1]"}}, "pg_status": {"0": {"last_enqueued_collective": 2,
@@ -294,7 +294,7 @@ def dump_to_events(
     ``pg_config``); their events are skipped.
     """
     rank = _int(dump.get("rank"), rank) or rank
-    host = host or str(dump.get("hostname") or f"host_rank{rank}")
+    host = host or str(dump.get("hostname") or f"host-rank{rank}")
     entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict)]
     pg_config = dump.get("pg_config") or {}
     pg_status = dump.get("pg_status") or {}

@@ -27,6 +27,7 @@ from streams.app.engine import Engine
 from streams.app.router import (
     CommRouter,
     CorrelatorRunner,
+    EdgeLimits,
     Output,
     Watermark,
     encode_watermark,
@@ -127,6 +128,12 @@ def register_agents(
         checkpoint_every_events=config.checkpoint_every_events,
         checkpoint_every_s=config.checkpoint_every_s,
         advance_every_us=int(config.advance_every_s * 1e6),
+        limits=EdgeLimits(
+            max_nranks=config.max_nranks,
+            max_future_skew_us=int(config.max_future_skew_s * 1e6),
+            max_past_skew_us=int(config.max_past_skew_s * 1e6),
+            max_message_bytes=config.max_message_bytes,
+        ),
     )
     correlator = CorrelatorRunner(
         engine,

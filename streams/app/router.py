@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import struct
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import msgspec
 
 from c4stream.deadletter import DeadLetter
 from producers.events import Event, EventDecodeError, decode_message
+from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES, BoundsError, check_bounds
 from streams.app.checkpoint import CheckpointSchedule
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import CorrelatorLike, DetectorLike, Engine
@@ -37,6 +39,7 @@ from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict
 __all__ = [
     "CommRouter",
     "CorrelatorRunner",
+    "EdgeLimits",
     "Output",
     "RouterStats",
     "Watermark",
@@ -82,6 +85,48 @@ class RouterStats:
     created: int = 0
 
 
+@dataclass(frozen=True)
+class EdgeLimits:
+    """What the worker accepts from ``c4.events`` beyond the contract's types.
+
+    Each bound stops one way a single message could take the worker down or steer it:
+    ``nranks = 2^31`` grew the worker to 21 GB; a ``ts_us`` a year ahead moved its
+    partition's clock and hid a fault; ``nranks`` doubled mid-stream hid a straggler.
+    """
+
+    max_nranks: int = 65_536
+    """Largest communicator accepted (the core sizes its arrays by ``nranks``)."""
+    max_future_skew_us: int = 600_000_000
+    """How far ahead of its partition's clock (and of the wall clock) an event may be."""
+    max_past_skew_us: int = 3_600_000_000
+    """How far behind its partition's clock an event may be."""
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_depth: int = MAX_DEPTH
+
+
+#: Envelope of a communicator's checkpoint: magic, version, the communicator's size
+#: (fixed once seen, so it survives a restart), then the detector's own bytes.
+_ENVELOPE = struct.Struct("!4sBq")
+_MAGIC = b"C4CM"
+
+
+def wrap_state(nranks: int, state: bytes) -> bytes:
+    """>>> unwrap_state(wrap_state(8, b"abc"))
+    (8, b'abc')
+    """
+    return _ENVELOPE.pack(_MAGIC, 1, nranks) + state
+
+
+def unwrap_state(data: bytes) -> tuple[int, bytes]:
+    """(communicator size, detector bytes); ValueError if ``data`` is not an envelope."""
+    if len(data) < _ENVELOPE.size:
+        raise ValueError("checkpoint shorter than its envelope")
+    magic, version, nranks = _ENVELOPE.unpack_from(data)
+    if magic != _MAGIC or version != 1 or nranks < 1:
+        raise ValueError("not a communicator checkpoint envelope")
+    return nranks, data[_ENVELOPE.size :]
+
+
 def contract_problem(events: Sequence[Event]) -> str | None:
     """What breaks the contract beyond the types msgspec checks, or None.
 
@@ -94,6 +139,9 @@ def contract_problem(events: Sequence[Event]) -> str | None:
     for i, ev in enumerate(events):
         if ev.rank >= ev.nranks:
             return f"event {i}: rank {ev.rank} is not below nranks {ev.nranks}"
+        for c in ev.conns or ():
+            if c.peer >= ev.nranks:
+                return f"event {i}: peer {c.peer} is not below nranks {ev.nranks}"
     if not events:
         return "empty message: no events"
     return None
@@ -119,13 +167,21 @@ class CommRouter:
         checkpoint_every_s: float,
         advance_every_us: int,
         clock: Callable[[], float] = time.monotonic,
+        limits: EdgeLimits | None = None,
+        epoch: Callable[[], float] = time.time,
     ) -> None:
         self.engine = engine
         self.lookup = lookup
         self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
         self.advance_every_us = advance_every_us
         self.wall = clock
+        self.epoch = epoch
+        self.limits = limits or EdgeLimits()
         self.comms: dict[str, _Comm] = {}
+        self.sizes: dict[str, int] = {}
+        """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
+        self._accepted_at: dict[int, float] = {}
+        """Partition -> wall time (``clock``) of the last message accepted."""
         self.by_partition: dict[int, set[str]] = {}
         self.clock_us: dict[int, int] = {}
         self._advanced_us: dict[int, int] = {}
@@ -147,7 +203,9 @@ class CommRouter:
         det: DetectorLike | None = None
         if data is not None:
             try:
-                det = self.engine.load_detector(comm, data)
+                size, state = unwrap_state(data)
+                det = self.engine.load_detector(comm, state)
+                self.sizes.setdefault(comm, size)
                 self.stats.restored += 1
                 log.info("restored communicator %s from its checkpoint (%d bytes)", comm, len(data))
             except Exception:
@@ -177,18 +235,24 @@ class CommRouter:
         # slice spread over many small batches is judged at once, like offline.
         pending = self.pending
         for rec in records:
+            lim = self.limits
             try:
-                events = decode_message(rec.value)
+                events = decode_message(
+                    rec.value, max_bytes=lim.max_message_bytes, max_depth=lim.max_depth
+                )
             except EventDecodeError as err:
                 out.deadletters.append(dead_letter(rec, f"undecodable message: {err}"))
                 continue
-            problem = contract_problem(events)
+            problem = contract_problem(events) or self._admission_problem(rec.partition, events)
             if problem is not None:
                 out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
                 continue
             st.events += len(events)
             p = rec.partition
             self._active.add(p)
+            self._accepted_at[p] = self.wall()
+            for ev in events:
+                self.sizes.setdefault(ev.comm, ev.nranks)
             top = max(ev.ts_us for ev in events)
             end = self._slice_end.get(p)
             if end is None or top >= end:
@@ -229,6 +293,65 @@ class CommRouter:
         out.checkpoints.extend(self._checkpoint(self.schedule.take_due(self.wall())))
         self._count(out)
         return out
+
+    def _admission_problem(self, p: int, events: Sequence[Event]) -> str | None:
+        """What makes an otherwise valid message unsafe to feed (None: feed it).
+
+        A communicator's size never changes (NCCL gives a resized one a new id), so a
+        different ``nranks`` is a forgery or a bug, not a resize. Event time may not run
+        ahead of the partition's clock, nor of the wall clock, by more than the skew
+        (it would move the clock and make every communicator of the partition judge
+        the future), nor lag far behind it; such events never move the clock. After
+        the partition has been quiet for the skew (wall time), a jump ahead is taken
+        as traffic resuming.
+        """
+        lim = self.limits
+        clock = self.clock_us.get(p)
+        quiet = self.wall() - self._accepted_at.get(p, float("-inf"))
+        horizon = int(self.epoch() * 1e6) + lim.max_future_skew_us
+        sizes = self.sizes
+        seen: dict[str, int] = {}
+        for i, ev in enumerate(events):
+            if ev.nranks > lim.max_nranks:
+                return f"event {i}: nranks {ev.nranks} is over the limit of {lim.max_nranks}"
+            size = sizes.get(ev.comm) or self._restored_size(ev.comm)
+            size = size or seen.setdefault(ev.comm, ev.nranks)
+            if ev.nranks != size:
+                return (
+                    f"event {i}: communicator {ev.comm[:64]} has {size} ranks, "
+                    f"this event says {ev.nranks} (a communicator never changes size)"
+                )
+            ts = ev.ts_us
+            if ts > horizon:
+                return f"event {i}: ts_us {ts} is further ahead of the wall clock than the skew"
+            if clock is None:
+                continue
+            if ts > clock + lim.max_future_skew_us and quiet < lim.max_future_skew_us / 1e6:
+                return (
+                    f"event {i}: ts_us {ts} is {(ts - clock) / 1e6:.0f}s ahead of its "
+                    f"partition's clock (allowed: {lim.max_future_skew_us / 1e6:.0f}s)"
+                )
+            if ts < clock - lim.max_past_skew_us:
+                return (
+                    f"event {i}: ts_us {ts} is {(clock - ts) / 1e6:.0f}s behind its "
+                    f"partition's clock (allowed: {lim.max_past_skew_us / 1e6:.0f}s)"
+                )
+        return None
+
+    def _restored_size(self, comm: str) -> int | None:
+        """The size a communicator's checkpoint fixed (after a restart, before its
+        detector is restored), or None."""
+        if comm in self.comms:
+            return None
+        data = self.lookup(comm.encode())
+        if data is None:
+            return None
+        try:
+            size = unwrap_state(data)[0]
+        except ValueError:
+            return None
+        self.sizes[comm] = size
+        return size
 
     def _judge(
         self,
@@ -310,7 +433,8 @@ class CommRouter:
             if c is None:
                 continue
             try:
-                out.append((c.partition, comm.encode(), c.detector.to_bytes()))
+                state = wrap_state(self.sizes.get(comm, 1), c.detector.to_bytes())
+                out.append((c.partition, comm.encode(), state))
             except Exception:
                 self.stats.detector_errors += 1
                 log.exception("checkpoint of communicator %s failed", comm)
@@ -332,10 +456,12 @@ class CommRouter:
                 c = self.comms.pop(comm)
                 self.by_partition.get(c.partition, set()).discard(comm)
                 self.schedule.forget(comm)
+                self.sizes.pop(comm, None)
             for p in partitions or set(self.clock_us):
                 self.clock_us.pop(p, None)
                 self._advanced_us.pop(p, None)
                 self._slice_end.pop(p, None)
+                self._accepted_at.pop(p, None)
                 self.by_partition.pop(p, None)
                 self.pending.pop(p, None)
                 self._active.discard(p)
@@ -383,7 +509,14 @@ def encode_watermark(w: Watermark) -> bytes:
 
 
 def decode_watermark(data: bytes) -> Watermark:
-    return _wm_decoder.decode(data)
+    """Raises ValueError (msgspec's DecodeError or a bound) on anything not a mark."""
+    try:
+        check_bounds(data, max_bytes=4096)
+        return _wm_decoder.decode(data)
+    except (msgspec.DecodeError, BoundsError):
+        raise
+    except Exception as err:  # RecursionError and the like: never past the edge
+        raise ValueError(f"undecodable: {type(err).__name__}") from None
 
 
 @dataclass
@@ -559,7 +692,7 @@ class CorrelatorRunner:
             if rec.topic == self.watermark_topic:
                 try:
                     wm = decode_watermark(rec.value)
-                except msgspec.DecodeError as err:
+                except ValueError as err:
                     out.deadletters.append(dead_letter(rec, f"undecodable watermark: {err}"))
                     continue
                 if wm.verdicts_offset > self.read_upto.get(q, -1):
