@@ -120,8 +120,9 @@ def register_agents(
             partitions=partitions,
         )
 
-    comm_store = TableCheckpoints(table(COMM_TABLE, config.events_partitions))
-    cor_store = TableCheckpoints(table(CORRELATOR_TABLE, config.verdicts_partitions))
+    chunk = config.max_checkpoint_chunk_bytes
+    comm_store = TableCheckpoints(table(COMM_TABLE, config.events_partitions), chunk)
+    cor_store = TableCheckpoints(table(CORRELATOR_TABLE, config.verdicts_partitions), chunk)
     router = CommRouter(
         engine,
         comm_store.get,

@@ -7,6 +7,8 @@ Faust plumbing is the same whatever detects. :class:`CoreEngine` is the real one
 
 from __future__ import annotations
 
+import io
+import pickle
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -14,7 +16,68 @@ from producers.events import Event
 from streams.commands import IsolationCommand
 from streams.verdicts import Verdict
 
-__all__ = ["CoreEngine", "CorrelatorLike", "DetectorLike", "Engine"]
+__all__ = ["CheckpointRefused", "CoreEngine", "CorrelatorLike", "DetectorLike", "Engine"]
+
+
+class CheckpointRefused(ValueError):
+    """A checkpoint names code outside the detection core's own state classes."""
+
+
+#: The only globals a checkpoint of :mod:`streams.core` (pickle format) refers to,
+#: found by loading checkpoints of every simulator scenario (tests/streams/
+#: test_no_code_from_data.py keeps this list honest). A changelog topic is input like
+#: any other: a pickle naming ``os.system`` there would otherwise run in the worker.
+_ALLOWED_GLOBALS = frozenset(
+    {
+        ("collections", "deque"),
+        ("numpy", "dtype"),
+        ("numpy", "ndarray"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("river._river_rust.stats", "RsQuantile"),
+        ("river.stats.quantile", "Quantile"),
+        ("streams.core.correlate", "_Entry"),
+        ("streams.core.correlate", "_Episode"),
+        ("streams.core.hang", "ProgressConns"),
+        ("streams.core.ranks", "RankTable"),
+        ("streams.core.slow_conn", "ConnMatrix"),
+        ("streams.core.stats", "NormalModel"),
+        ("streams.core.straggler", "SeqAligner"),
+    }
+)
+#: Protocol 2+ pickles start with PROTO; the core writes protocol 5.
+_PICKLE_HEADER = b"\x80"
+
+
+class _CoreUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED_GLOBALS:
+            raise CheckpointRefused(f"checkpoint refers to {module}.{name}: refused")
+        return super().find_class(module, name)
+
+
+def safe_state(data: bytes) -> bytes:
+    """Checkpoint bytes the core may load: a pickle is loaded here with only the core's
+    own state classes allowed, then written again (so the core's ``from_bytes`` only
+    ever unpickles what this process made); any other format passes through untouched
+    (the detection core's own versioned format parses, never runs code).
+
+    >>> safe_state(pickle.dumps({"a": [1, 2]}, protocol=5)) == pickle.dumps({"a": [1, 2]}, 5)
+    True
+    >>> class Evil:
+    ...     def __reduce__(self):
+    ...         return (print, ("pwned",))
+    >>> safe_state(pickle.dumps(Evil()))
+    Traceback (most recent call last):
+    ...
+    streams.app.engine.CheckpointRefused: checkpoint refers to builtins.print: refused
+    """
+    if not data.startswith(_PICKLE_HEADER):
+        return data
+    state = _CoreUnpickler(io.BytesIO(data)).load()
+    return pickle.dumps(state, protocol=5)
 
 
 class DetectorLike(Protocol):
@@ -65,10 +128,10 @@ class CoreEngine:
         return self._core.CommDetector(comm, self.detect)
 
     def load_detector(self, comm: str, data: bytes) -> DetectorLike:
-        return self._core.CommDetector.from_bytes(data, self.detect)
+        return self._core.CommDetector.from_bytes(safe_state(data), self.detect)
 
     def new_correlator(self) -> CorrelatorLike:
         return self._core.HostCorrelator(self.policy)
 
     def load_correlator(self, data: bytes) -> CorrelatorLike:
-        return self._core.HostCorrelator.from_bytes(data, self.policy)
+        return self._core.HostCorrelator.from_bytes(safe_state(data), self.policy)
