@@ -55,5 +55,10 @@ class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "sasl.mechanism": "sasl_mechanism",
             "sasl.username": "sasl_plain_username",
             "sasl.password": "sasl_plain_password",
+            "ssl.ca.location": "ssl_cafile",
+            "ssl.certificate.location": "ssl_certfile",
+            "ssl.key.location": "ssl_keyfile",
+            "ssl.key.password": "ssl_password",
+            "ssl.endpoint.identification.algorithm": "ssl_check_hostname",
         }
         return {mapping[k]: v for k, v in self.extra.items() if k in mapping}

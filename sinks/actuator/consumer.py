@@ -38,7 +38,7 @@ from sinks.actuator.backends import (
 )
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.ledger import Ledger, Status
-from sinks.actuator.policy import Decision, decide
+from sinks.actuator.policy import Decision, decide, fault_key
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
 __all__ = ["Actuator", "DeadLetterError", "Handled", "Interrupted", "RunStats", "run"]
@@ -122,12 +122,22 @@ class Actuator:
         Raises :class:`~sinks.actuator.backends.ActuatorConfigError` (stop the actuator;
         nothing recorded).
         """
-        decision, why = decide(cmd, self.cfg, already_done=self.ledger.is_done(cmd.id))
+        key = fault_key(cmd)
+        now_us = time.time_ns() // 1000
+        decision, why = decide(
+            cmd,
+            self.cfg,
+            already_done=self.ledger.is_done(cmd.id),
+            same_fault_done=self.ledger.fault_done(
+                key, now_us - int(self.cfg.fault_window_s * 1e6)
+            ),
+            job_actions=self.ledger.acted_for_job(cmd.job, now_us - 3_600_000_000),
+        )
         tag = f"{cmd.id} (host {cmd.host}, {cmd.action}, {cmd.fault})"
-        if decision == "duplicate":
+        if decision == "duplicate" and self.ledger.is_done(cmd.id):
             log.info("SKIP %s: %s", tag, why)
             h = Handled(decision, "done", why)
-        elif decision in ("alert_only", "denied"):
+        elif decision in ("alert_only", "denied", "duplicate", "capped"):
             log.warning("SKIP %s: %s", tag, why)
             h = Handled(decision, "skipped", why)
         elif decision == "dry_run":
@@ -140,7 +150,13 @@ class Actuator:
         else:
             h = self._act(cmd, tag)
         self.ledger.record(
-            cmd.id, status=h.status, host=cmd.host, action=cmd.action, detail=h.detail
+            cmd.id,
+            status=h.status,
+            host=cmd.host,
+            action=cmd.action,
+            detail=h.detail,
+            job=cmd.job,
+            fault_key=key,
         )
         return h
 

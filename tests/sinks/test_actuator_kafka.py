@@ -49,6 +49,7 @@ def command(**kw: Any) -> IsolationCommand:
         confidence=0.9,
         reason="node001 GPU 5 arrives last",
         evidence={},
+        dry_run=False,  # absent means dry run
     )
     base.update(kw)
     return IsolationCommand(**base)
