@@ -48,6 +48,10 @@ class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         conf.update(overrides)
         return conf
 
+    def client_config(self) -> dict[str, Any]:
+        """Settings any confluent-kafka client needs (admin, probes): bootstrap + security."""
+        return {"bootstrap.servers": self.resolved_bootstrap(), **self.extra}
+
     def aiokafka_kwargs(self) -> dict[str, Any]:
         """The subset of ``extra`` that Faust/aiokafka understands, under its names."""
         mapping = {

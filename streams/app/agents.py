@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -55,11 +56,16 @@ class WorkerParts:
     ready: bool = False
     rebalances: int = 0
     """Rebalances completed, table recovery included: > 0 means serving."""
+    broker_down_since: float | None = None
+    """Wall time since which the broker watchdog has had no answer (None: it answers)."""
 
     def status(self) -> dict[str, Any]:
+        down = self.broker_down_since
         return {
             "pid": os.getpid(),
-            "ready": self.ready,
+            "ready": self.ready and down is None,
+            "written_at": round(time.time(), 3),
+            "broker_unreachable_s": None if down is None else round(time.time() - down, 1),
             "rebalances": self.rebalances,
             "uptime_s": round(time.time() - self.started_wall, 3),
             "assigned": sorted(f"{tp.topic}[{tp.partition}]" for tp in self.assigned),
@@ -280,8 +286,9 @@ def register_agents(
 
 
 def write_status(path: Any, status: dict[str, Any]) -> None:
-    """Atomically replace the status file (readers never see half a file)."""
-    tmp = f"{path}.tmp"
+    """Atomically replace the status file (readers never see half a file); the broker
+    watchdog writes from its own thread, hence a temp name per thread."""
+    tmp = f"{path}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as f:
         json.dump(status, f)
     os.replace(tmp, path)

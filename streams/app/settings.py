@@ -101,6 +101,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Exit non-zero when no broker has answered for this long (the supervisor restarts
     the worker; a worker that pretends to run is worse)."""
 
+    stop_grace_s: PosFloat = 10.0
+    """SIGTERM/SIGINT: a clean stop (checkpoints, producer flush) that takes longer than
+    this (e.g. the broker is gone) ends the process anyway, with status 4."""
+
     session_timeout_s: PosFloat = 10.0
     heartbeat_interval_s: PosFloat = 1.0
     rebalance_timeout_s: PosFloat = 10.0
