@@ -205,7 +205,7 @@ class CommRouter:
             try:
                 size, state = unwrap_state(data)
                 det = self.engine.load_detector(comm, state)
-                self.sizes.setdefault(comm, size)
+                self.sizes.setdefault(comm, size)  # only once the state itself loaded
                 self.stats.restored += 1
                 log.info("restored communicator %s from its checkpoint (%d bytes)", comm, len(data))
             except Exception:
@@ -314,7 +314,7 @@ class CommRouter:
         for i, ev in enumerate(events):
             if ev.nranks > lim.max_nranks:
                 return f"event {i}: nranks {ev.nranks} is over the limit of {lim.max_nranks}"
-            size = sizes.get(ev.comm) or self._restored_size(ev.comm)
+            size = sizes.get(ev.comm) or self._restored_size(ev.comm, p)
             size = size or seen.setdefault(ev.comm, ev.nranks)
             if ev.nranks != size:
                 return (
@@ -338,20 +338,14 @@ class CommRouter:
                 )
         return None
 
-    def _restored_size(self, comm: str) -> int | None:
+    def _restored_size(self, comm: str, p: int) -> int | None:
         """The size a communicator's checkpoint fixed (after a restart, before its
-        detector is restored), or None."""
-        if comm in self.comms:
+        detector is restored), or None. Only a checkpoint whose detector loads counts:
+        a forged envelope around a refused state must not fix a size."""
+        if comm in self.comms or self.lookup(comm.encode()) is None:
             return None
-        data = self.lookup(comm.encode())
-        if data is None:
-            return None
-        try:
-            size = unwrap_state(data)[0]
-        except ValueError:
-            return None
-        self.sizes[comm] = size
-        return size
+        self._comm(comm, p)  # restores it (or starts afresh if unreadable)
+        return self.sizes.get(comm)
 
     def _judge(
         self,

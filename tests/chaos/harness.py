@@ -177,3 +177,21 @@ def acted(cmds: list[IsolationCommand], ledger: Path) -> list[str]:
         for c in cmds:
             act.handle(msgspec.structs.replace(c, dry_run=False))
     return backend.applied
+
+
+def read_records(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[bytes, bytes | None]:
+    """The newest value per key of ``topic`` (a changelog), read until 1 s of quiet."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"rd-{uuid.uuid4().hex}"})
+    out: dict[bytes, bytes | None] = {}
+    try:
+        md = c.list_topics(topic, timeout=10)
+        c.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
+        deadline = time.monotonic() + timeout
+        quiet = 0
+        while time.monotonic() < deadline and quiet < 5:
+            batch = [m for m in c.consume(1000, 0.2) if m.error() is None]
+            quiet = quiet + 1 if not batch and out else 0
+            out.update((m.key(), m.value()) for m in batch)
+        return out
+    finally:
+        c.close()
