@@ -712,9 +712,15 @@ class CorrelatorRunner:
                 (end, verdict.ts_us, not verdict.benign, self._seq, verdict, rec),
             )
         self._release(out, now)
-        out.checkpoints.extend(self._checkpoint(self.schedule.take_due(now)))
+        out.checkpoints.extend(self._checkpoint(self._due(out, now)))
         self._count(out)
         return out
+
+    def _due(self, out: Output, now: float) -> list[int]:
+        """Correlators to checkpoint with this output: the time/count-due ones, and all
+        dirty ones when a decision was made, so that its checkpoint goes out right behind
+        the command (a worker killed a second after a decision sent it again)."""
+        return self.schedule.take_all() if out.commands else self.schedule.take_due(now)
 
     def _undefer(self, now: float) -> None:
         for q, waiting in self.deferred.items():
@@ -770,7 +776,7 @@ class CorrelatorRunner:
         out = Output()
         now = self.wall()
         self._release(out, now)
-        out.checkpoints.extend(self._checkpoint(self.schedule.take_due(now)))
+        out.checkpoints.extend(self._checkpoint(self._due(out, now)))
         self._count(out)
         return out
 

@@ -1,0 +1,171 @@
+"""Worker SIGKILL before, during and right after a decision (issue 12, defect 6), and
+the broker stopped and started again mid-stream (defect 8), through the real broker.
+
+Each run must find the fault, isolate nothing else, and act once: the commands on
+``c4.isolations`` are fed to an executing actuator (recording backend), whose ledger
+deduplicates by id and by fault identity.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from compose.local_broker import LocalKafka
+from streams.verdicts import decode_verdict
+from streams.worker import WorkerProcess, start_worker_process
+from tests.chaos.harness import (
+    HANG_AT_S,
+    ROWS,
+    Row,
+    acted,
+    as_messages,
+    commands,
+    judge,
+    produce,
+    read,
+    trace,
+    worker_config,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def through(w: WorkerProcess, last_ts: int, timeout: float = 90) -> dict:
+    """Until a partition's clock reached the end of the trace, or (a restarted worker
+    with nothing left to read) nothing new was read for 6 s."""
+    seen: list[tuple[float, int]] = []
+
+    def done(s: dict) -> bool:
+        if s.get("clock_us") and max(s["clock_us"].values()) >= last_ts:
+            return True
+        n = s["detect"]["messages"]
+        if not seen or seen[-1][1] != n:
+            seen.append((time.monotonic(), n))
+        return time.monotonic() - seen[-1][0] >= 6
+
+    return w.wait_for(done, timeout, "through the trace")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("when", ["before", "during", "after"])
+def test_worker_sigkill_around_a_decision(kafka_bootstrap: str, tmp_path: Path, when: str) -> None:
+    good = trace()
+    msgs = as_messages(good)
+    last_ts = max(e.ts_us for b in good for e in b)
+    t0 = min(e.ts_us for b in good for e in b)
+    cfg = worker_config(kafka_bootstrap, tmp_path / "w")
+    topics = cfg.topics()
+    w = start_worker_process(cfg)
+    judged_events = 0
+    try:
+        w.wait_ready(90)
+        if when == "before":
+            cut = sum(1 for b in good if b[0].ts_us < t0 + (HANG_AT_S - 5) * 1_000_000)
+            produce(kafka_bootstrap, topics.events, msgs[:cut])
+            st = w.wait_for(lambda s: s["detect"]["events"] >= sum(map(len, good[:cut])), 60,
+                            "through the first part")  # fmt: skip
+            time.sleep(1.5)  # a checkpoint and an offset commit happen
+            rest = msgs[cut:]
+        else:
+            produce(kafka_bootstrap, topics.events, msgs)
+            rest = []
+            if when == "during":  # the culprit's verdict is out, the decision not yet
+                read(
+                    kafka_bootstrap,
+                    topics.verdicts,
+                    until=lambda vs: any(
+                        decode_verdict(v).host == "node-002" and not decode_verdict(v).benign
+                        for v in vs
+                    ),
+                    timeout=60,
+                )
+            else:  # right after the decision
+                commands(kafka_bootstrap, topics.isolations, want=1, timeout=60)
+            st = w.status()
+        judged_events += st["detect"]["events"]
+        w.proc.send_signal(signal.SIGKILL)
+        w.proc.wait(10)
+        w = start_worker_process(cfg)
+        w.wait_ready(90)
+        if rest:
+            produce(kafka_bootstrap, topics.events, rest)
+        through(w, last_ts)
+        time.sleep(3)  # anything else the worker would decide arrives too
+        st = w.status()
+        judged_events += st["detect"]["events"]
+        assert w.stop() == 0
+    finally:
+        w.stop(5)
+    cmds = commands(kafka_bootstrap, topics.isolations, timeout=3)
+    judged = judge(cmds)
+    hosts = acted(cmds, tmp_path / "ledger.sqlite3")
+    ROWS.append(
+        Row(
+            f"worker SIGKILL {when} the decision",
+            sent=len(msgs),
+            lost=max(0, sum(map(len, good)) - judged_events),
+            duplicated=judged.duplicated,
+            acted=len(hosts),
+            found="1/1" if judged.found else "0/1",
+            false_isolations=judged.false_isolations,
+            notes=(
+                f"{len(judged.isolating)} isolating command(s) on the topic, "
+                f"{len({c.id for c in judged.isolating})} distinct id(s)"
+            ),
+        )
+    )
+    assert judged.found and judged.false_isolations == 0
+    assert hosts == ["node-002"]  # acted once, whatever was sent twice
+
+
+@pytest.mark.timeout(300)
+def test_broker_stop_and_start_mid_stream(tmp_path: Path) -> None:
+    good = trace()
+    msgs = as_messages(good)
+    last_ts = max(e.ts_us for b in good for e in b)
+    broker = LocalKafka(data_dir=tmp_path / "kafka")
+    broker.start()
+    try:
+        bootstrap = broker.bootstrap
+        cfg = worker_config(bootstrap, tmp_path / "w", broker_unreachable_exit_s=120.0)
+        topics = cfg.topics()
+        with start_worker_process(cfg) as w:
+            w.wait_ready(90)
+            half = len(msgs) // 2
+            produce(bootstrap, topics.events, msgs[:half])
+            w.wait_for(lambda s: s["detect"]["messages"] >= half, 60, "through half")
+            broker.stop()  # SIGTERM; data kept
+            time.sleep(8)
+            broker.start()
+            assert broker.bootstrap == bootstrap
+            produce(bootstrap, topics.events, msgs[half:])
+            st = through(w, last_ts, 120)
+            time.sleep(3)
+            st = w.status()
+            pid_same = w.proc.poll() is None
+            assert w.stop() == 0
+        cmds = commands(bootstrap, topics.isolations, timeout=3)
+    finally:
+        broker.data_dir = None
+        broker.stop()
+    judged = judge(cmds)
+    hosts = acted(cmds, tmp_path / "ledger.sqlite3")
+    ROWS.append(
+        Row(
+            "broker stopped 8 s mid-stream, restarted on its data",
+            sent=len(msgs),
+            deadlettered=st["deadletters_sent"],
+            lost=max(0, sum(map(len, good)) - st["detect"]["events"]),
+            duplicated=judged.duplicated,
+            acted=len(hosts),
+            found="1/1" if judged.found else "0/1",
+            false_isolations=judged.false_isolations,
+            notes="same worker process throughout" if pid_same else "worker restarted",
+        )
+    )
+    assert judged.found and judged.false_isolations == 0 and hosts == ["node-002"]
+    assert st["detect"]["events"] >= sum(map(len, good))
