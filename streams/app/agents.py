@@ -72,6 +72,8 @@ class WorkerParts:
             "detect": asdict(self.router.stats),
             "correlate": asdict(self.correlator.stats),
             "comms": len(self.router.comms),
+            "contested_comms": len(self.router.contested),
+            "unreadable_checkpoints": self.comm_store.unreadable + self.correlator_store.unreadable,
             "clock_us": {str(p): t for p, t in self.router.clock_us.items()},
             "watermarks": self.correlator.describe(),
             "deadletters_sent": self.deadletters.sent,

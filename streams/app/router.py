@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from c4stream.deadletter import DeadLetter
-from producers.events import Event, EventDecodeError, decode_message
+from producers.events import Event, EventDecodeError, ProgressEvent, decode_message
 from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES, BoundsError, check_bounds
 from streams.app.checkpoint import CheckpointSchedule
 from streams.app.deadletter import Record, dead_letter
@@ -102,6 +102,9 @@ class EdgeLimits:
     """How far behind its partition's clock an event may be."""
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_depth: int = MAX_DEPTH
+    contested_hold_us: int = 120_000_000
+    """How long (event time) a communicator's verdicts stay alert-only after two sources
+    contradicted each other about one of its ranks."""
 
 
 #: Envelope of a communicator's checkpoint: magic, version, the communicator's size
@@ -182,6 +185,10 @@ class CommRouter:
         """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
         self._accepted_at: dict[int, float] = {}
         """Partition -> wall time (``clock``) of the last message accepted."""
+        self._progress: dict[str, dict[int, tuple[int, int]]] = {}
+        """Communicator -> rank -> (started, completed) of its newest heartbeat."""
+        self.contested: dict[str, tuple[int, str]] = {}
+        """Communicator -> (event time until which its verdicts are alert-only, why)."""
         self.by_partition: dict[int, set[str]] = {}
         self.clock_us: dict[int, int] = {}
         self._advanced_us: dict[int, int] = {}
@@ -253,6 +260,8 @@ class CommRouter:
             self._accepted_at[p] = self.wall()
             for ev in events:
                 self.sizes.setdefault(ev.comm, ev.nranks)
+                if isinstance(ev, ProgressEvent):
+                    self._check_counters(ev)
             top = max(ev.ts_us for ev in events)
             end = self._slice_end.get(p)
             if end is None or top >= end:
@@ -338,6 +347,49 @@ class CommRouter:
                 )
         return None
 
+    def _check_counters(self, ev: ProgressEvent) -> None:
+        """Corroboration, within the detector's physics: a rank's heartbeat counters only
+        grow, so a heartbeat that goes back means two sources report for one rank (a
+        forger and the real exporter). A forged hang must contradict someone: the
+        accused's own heartbeats (it is alive and advancing) or its peers' (they are not
+        as far ahead as claimed). Such a communicator's verdicts stay alert-only."""
+        ranks = self._progress.setdefault(ev.comm, {})
+        last = ranks.get(ev.rank)
+        ranks[ev.rank] = (
+            (max(ev.started, last[0]), max(ev.completed, last[1]))
+            if last
+            else (
+                ev.started,
+                ev.completed,
+            )
+        )
+        if last is not None and (ev.started < last[0] or ev.completed < last[1]):
+            why = (
+                f"rank {ev.rank}'s heartbeat went back from started {last[0]}/completed "
+                f"{last[1]} to {ev.started}/{ev.completed}: two sources report for it"
+            )
+            if ev.comm not in self.contested:
+                log.warning("communicator %s contested: %s", ev.comm, why)
+            self.contested[ev.comm] = (ev.ts_us + self.limits.contested_hold_us, why)
+
+    def _uncontested(self, comm: str, verdicts: list[Verdict]) -> list[Verdict]:
+        """``verdicts`` of ``comm``, made alert-only while its evidence is contested."""
+        hold = self.contested.get(comm)
+        if hold is None or not verdicts:
+            return verdicts
+        until, why = hold
+        out = []
+        for v in verdicts:
+            if v.ts_us > until:
+                out.append(v)
+                continue
+            out.append(
+                msgspec.structs.replace(
+                    v, benign=True, reason=f"evidence contested ({why}); alert only. {v.reason}"
+                )
+            )
+        return out
+
     def _restored_size(self, comm: str, p: int) -> int | None:
         """The size a communicator's checkpoint fixed (after a restart, before its
         detector is restored), or None. Only a checkpoint whose detector loads counts:
@@ -358,7 +410,7 @@ class CommRouter:
         for comm, (events, parts) in groups.items():
             c = self._comm(comm, p)
             try:
-                out.concluded(c.detector.observe(events), clock)
+                out.concluded(self._uncontested(comm, c.detector.observe(events)), clock)
             except Exception as err:
                 if len(parts) == 1:
                     self._detector_failed(comm, err, parts[0][0], out)
@@ -366,7 +418,7 @@ class CommRouter:
                 # Retry message by message so only the offending one is dead-lettered.
                 for rec, evs in parts:
                     try:
-                        out.concluded(c.detector.observe(evs), clock)
+                        out.concluded(self._uncontested(comm, c.detector.observe(evs)), clock)
                     except Exception as err1:
                         self._detector_failed(comm, err1, rec, out)
             self.schedule.touch(comm, len(events), now)
@@ -395,7 +447,7 @@ class CommRouter:
                 log.exception("detector of communicator %s failed to advance to %d", comm, now_us)
                 continue
             if found:
-                out.concluded(found, now_us)
+                out.concluded(self._uncontested(comm, found), now_us)
                 self.schedule.touch(comm, 0, wall)
 
     def tick(self) -> Output:
@@ -451,6 +503,8 @@ class CommRouter:
                 self.by_partition.get(c.partition, set()).discard(comm)
                 self.schedule.forget(comm)
                 self.sizes.pop(comm, None)
+                self._progress.pop(comm, None)
+                self.contested.pop(comm, None)
             for p in partitions or set(self.clock_us):
                 self.clock_us.pop(p, None)
                 self._advanced_us.pop(p, None)

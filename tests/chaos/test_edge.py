@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from c4stream.deadletter import DeadLetter
-from producers.events import EventDecodeError, OpEvent, decode_message, encode_message
+from producers.events import (
+    EventDecodeError,
+    OpEvent,
+    ProgressEvent,
+    decode_message,
+    encode_message,
+)
 from streams.app.deadletter import Record
 from streams.app.engine import CoreEngine
 from streams.app.router import CommRouter, CorrelatorRunner, EdgeLimits, Output, wrap_state
@@ -155,3 +161,44 @@ def test_a_decision_is_checkpointed_right_behind_it() -> None:
                 score=0.5, reason="r", window_start_us=0, window_end_us=1)  # fmt: skip
     out = c.process([Record("v", 0, 0, None, encode_verdict(v))])
     assert out.commands == ["decision"] and out.checkpoints == [(0, c.key(0), b"cor")]
+
+
+class _Accuser:
+    """A detector that accuses node-9 of a hang on every batch (whatever the evidence)."""
+
+    def observe(self, events):
+        return [Verdict(id="v", ts_us=events[-1].ts_us, job="j", comm="0xa", host="node-9",
+                        fault="noncomm_hang", score=0.9, reason="never joined",
+                        window_start_us=0, window_end_us=1)]  # fmt: skip
+
+    def advance(self, now_us):
+        return []
+
+    def to_bytes(self):
+        return b""
+
+
+class _AccuserEngine:
+    def new_detector(self, comm):
+        return _Accuser()
+
+
+def hb(rank: int, started: int, ts: int) -> ProgressEvent:
+    return ProgressEvent(v=1, job="j", comm="0xa", nranks=4, rank=rank, host=f"node-{rank}",
+                         ts_us=ts, started=started, completed=started)  # fmt: skip
+
+
+def test_two_sources_for_one_rank_make_the_communicators_verdicts_alert_only() -> None:
+    r = CommRouter(_AccuserEngine(), lambda k: None, checkpoint_every_events=10**9,
+                   checkpoint_every_s=1e9, advance_every_us=250_000,
+                   epoch=lambda: T0 / 1e6 + 60)  # fmt: skip
+    rec = lambda i, evs: Record("ev", 0, i, b"k", encode_message(evs))  # noqa: E731
+    out = r.process([rec(0, [hb(1, 10, T0)])], settle=[0])
+    assert [v.benign for v in out.verdicts] == [False]  # one source: the detector decides
+    # A forger says rank 1 is 3 collectives ahead; the real exporter's next heartbeat
+    # (11) is behind that: two sources for rank 1.
+    out = r.process([rec(1, [hb(1, 13, T0 + 10**6)]), rec(2, [hb(1, 11, T0 + 2 * 10**6)])],
+                    settle=[0])  # fmt: skip
+    assert out.verdicts and all(v.benign for v in out.verdicts)
+    assert "two sources report for it" in out.verdicts[-1].reason
+    assert "0xa" in r.contested

@@ -10,16 +10,31 @@ is the ACL: only the worker's principal may write ``c4.isolations``, docs/securi
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from c4stream.kafka import KafkaConfig
+from producers.events import Event, ProgressEvent
+from producers.simulator import simulate
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.consumer import run
 from sinks.actuator.ledger import Ledger
 from streams.commands import IsolationCommand, encode_command
-from tests.chaos.harness import ROWS, Recording, Row, deadletters, produce
+from streams.worker import start_worker_process
+from tests.chaos.harness import (
+    ROWS,
+    SIM,
+    Recording,
+    Row,
+    as_messages,
+    commands,
+    deadletters,
+    produce,
+    worker_config,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -80,3 +95,61 @@ def test_forged_commands_are_bounded_by_the_actuator(
     assert stats.by_decision.get("dry_run") == 20
     assert backend.applied == ["node-100", "node-101"]  # the cap of 2 per job per hour
     assert stats.by_decision.get("capped") == 18
+
+
+def forged_heartbeats(good: list[list[Event]], victim: str, after_us: int) -> list[list[Event]]:
+    """Heartbeats of every peer of ``victim`` claiming to be 3 collectives ahead and
+    waiting in the next one: ``victim`` looks like the rank that never joined."""
+    t0 = min(e.ts_us for b in good for e in b)
+    comms = {e.comm for b in good for e in b if e.host == victim}
+    out: dict[str, list[Event]] = {}
+    for b in good:
+        for e in b:
+            if (
+                isinstance(e, ProgressEvent)
+                and e.comm in comms
+                and e.host != victim
+                and e.ts_us >= t0 + after_us
+            ):
+                out.setdefault(e.comm, []).append(
+                    msgspec.structs.replace(
+                        e,
+                        started=e.started + 3,
+                        inflight_op="AllReduce",
+                        inflight_us=float(e.ts_us - t0 - after_us),
+                        ts_us=e.ts_us + 1000,
+                    )
+                )
+    return list(out.values())
+
+
+@pytest.mark.timeout(180)
+def test_forged_heartbeats_cannot_get_a_healthy_host_isolated(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    good = [b for b in simulate(msgspec.structs.replace(SIM, faults=[])) if b]
+    forged = forged_heartbeats(good, "node-001", 8_000_000)
+    cfg = worker_config(kafka_bootstrap, tmp_path / "w")
+    msgs = as_messages(good)
+    # The forger's messages go out in the middle of the real stream.
+    mixed = msgs[: len(msgs) // 2] + as_messages(forged) + msgs[len(msgs) // 2 :]
+    with start_worker_process(cfg) as w:
+        w.wait_ready(90)
+        produce(kafka_bootstrap, cfg.topics().events, mixed)
+        w.wait_for(lambda s: s["detect"]["messages"] >= len(mixed), 90, "through")
+        time.sleep(3)
+        st = w.status()
+        assert w.stop() == 0
+    cmds = commands(kafka_bootstrap, cfg.topics().isolations, timeout=3)
+    iso = [c for c in cmds if c.action != "alert_only"]
+    ROWS.append(
+        Row(
+            "forged heartbeats: node-001's peers 'ahead' (healthy job)",
+            sent=len(mixed),
+            deadlettered=st["deadletters_sent"],
+            false_isolations=len(iso),
+            found="0/0",
+            notes=f"{len(forged)} forged messages, {sum(map(len, forged))} events",
+        )
+    )
+    assert iso == []
