@@ -141,7 +141,14 @@ def load_flight_recorder_dump(path: str | Path) -> dict[str, Any]:
             raise FlightRecorderError("neither a pickle nor a JSON object")
     except FlightRecorderError:
         raise
-    except (pickle.UnpicklingError, ValueError, EOFError, TypeError, IndexError) as err:
+    except (
+        pickle.UnpicklingError,
+        ValueError,
+        EOFError,
+        TypeError,
+        IndexError,
+        RecursionError,  # deep nesting in a JSON dump
+    ) as err:
         raise FlightRecorderError(f"corrupt dump: {type(err).__name__}: {err}") from None
     if not isinstance(dump, dict):
         raise FlightRecorderError(f"dump is a {type(dump).__name__}, expected a dict")
@@ -239,7 +246,7 @@ def _ranks(pg_info: Any) -> list[int] | None:
     if isinstance(ranks, str):
         try:
             ranks = json.loads(ranks)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if isinstance(ranks, (list, tuple)) and all(isinstance(r, int) for r in ranks):
         return list(ranks)

@@ -151,6 +151,8 @@ def parse_inspector_line(line: bytes | str, *, job: str) -> OpEvent:
         rec = _decoder.decode(line)
     except msgspec.DecodeError as err:
         raise InspectorError(str(err)) from None
+    except RecursionError:  # deep nesting in an unknown field: a bad line, not a crash
+        raise InspectorError("JSON nested too deeply") from None
     h, m = rec.header, rec.metadata
     if not h.id or not m.hostname:
         raise InspectorError("empty header.id or metadata.hostname")

@@ -13,6 +13,10 @@ from producers.events import (
     decode_message,
     encode_message,
 )
+from producers.formats.flight_recorder import FlightRecorderError, load_flight_recorder_dump
+from producers.formats.inspector import InspectorError, parse_inspector_line
+from producers.sources import sniff
+from producers.traces import BadLine, read_trace
 from streams.app.deadletter import Record
 from streams.app.engine import CoreEngine
 from streams.app.router import CommRouter, CorrelatorRunner, EdgeLimits, Output, wrap_state
@@ -202,3 +206,15 @@ def test_two_sources_for_one_rank_make_the_communicators_verdicts_alert_only() -
     assert out.verdicts and all(v.benign for v in out.verdicts)
     assert "two sources report for it" in out.verdicts[-1].reason
     assert "0xa" in r.contested
+
+
+def test_file_readers_survive_deep_nesting(tmp_path) -> None:
+    deep = b'{"a":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    f = tmp_path / "deep.json"
+    f.write_bytes(deep + b"\n")
+    assert sniff(f) == "trace"
+    assert [type(x) for x in read_trace(f)] == [BadLine]
+    with pytest.raises(InspectorError):
+        parse_inspector_line(deep, job="j")
+    with pytest.raises(FlightRecorderError):
+        load_flight_recorder_dump(f)
