@@ -5,7 +5,8 @@ Counting rules of the table:
 
 * sent: messages the scenario wrote (good + bad);
 * dead-lettered: dead letters the worker wrote for them (each must name its reason);
-* lost: good events the worker did not judge (sent - judged, from ``status.json``);
+* lost: good events the worker did not judge (fuzz: sent - judged from ``status.json``;
+  restarts: messages of ``c4.events`` never committed as processed by the worker's group);
 * duplicated: isolating commands beyond the first for one fault identity (job, host,
   GPU/NIC/peer, fault), i.e. what an id-only actuator would act on twice; ``acted``
   counts what the actuator's ledger (fault identity + id) let through;
@@ -193,5 +194,22 @@ def read_records(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[byte
             quiet = quiet + 1 if not batch and out else 0
             out.update((m.key(), m.value()) for m in batch)
         return out
+    finally:
+        c.close()
+
+
+def unconsumed(bootstrap: str, group: str, topic: str) -> int:
+    """Messages of ``topic`` that ``group`` has not committed as processed (Faust commits
+    after processing): with the worker stopped, what it would never have judged."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        tps = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
+        left = 0
+        for tp in c.committed(tps, timeout=10):
+            low, high = c.get_watermark_offsets(tp, timeout=10)
+            done = tp.offset if tp.offset >= 0 else low
+            left += max(0, high - done)
+        return left
     finally:
         c.close()
