@@ -8,8 +8,9 @@ from tests.chaos.harness import ROWS, table
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # CI runs them: `./run test` deselects nothing; `-m "not chaos_long"` skips them.
     config.addinivalue_line(
-        "markers", "chaos_long: the long chaos variants (CI runs them too: not deselected)"
+        "markers", "chaos_long: the long chaos variants (worker and broker restarts)"
     )
 
 

@@ -32,7 +32,7 @@ from tests.chaos.harness import (
     worker_config,
 )
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.chaos_long]
 
 
 def through(w: WorkerProcess, last_ts: int, timeout: float = 90) -> dict:

@@ -21,7 +21,7 @@ from streams.app.lifeguard import EXIT_BROKER_UNREACHABLE
 from streams.app.settings import WorkerConfig
 from streams.worker import WorkerProcess, start_worker_process
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.chaos_long]
 
 
 def worker_config(bootstrap: str, workdir: Path, **kw: object) -> WorkerConfig:
