@@ -114,7 +114,9 @@ _MAGIC = b"C4CM"
 
 
 def wrap_state(nranks: int, state: bytes) -> bytes:
-    """>>> unwrap_state(wrap_state(8, b"abc"))
+    """The detector's bytes in the envelope.
+
+    >>> unwrap_state(wrap_state(8, b"abc"))
     (8, b'abc')
     """
     return _ENVELOPE.pack(_MAGIC, 1, nranks) + state
