@@ -48,7 +48,9 @@ def kafka_probe(conf: dict[str, Any]) -> Probe:
     (bootstrap, TLS, SASL): the same question a client asks first."""
     from confluent_kafka.admin import AdminClient  # loaded with the worker only
 
-    admin = AdminClient(conf)
+    # librdkafka's own log lines (a failed connect each retry) go through Python
+    # logging, so the repeated-line limit applies to them too.
+    admin = AdminClient(conf, logger=logging.getLogger("c4stream.broker_watch"))
 
     def probe(timeout: float) -> None:
         md = admin.list_topics(timeout=timeout)
