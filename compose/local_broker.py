@@ -251,6 +251,7 @@ class LocalKafka:
         stop_timeout: float = 15.0,
         jvm_args: Sequence[str] = (),
         data_dir: str | Path | None = None,
+        secure_listener: dict[str, str] | None = None,
     ) -> None:
         self.version = version
         self.heap = heap
@@ -262,6 +263,10 @@ class LocalKafka:
         self.controller_port = 0
         self.workdir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self.secure_listener = secure_listener
+        """Broker properties of a second, SASL_SSL listener (its own ``port`` key, e.g.
+        ``listener.name.sasl_ssl.*`` JAAS and ``ssl.*`` settings): the tests of TLS/SASL
+        clients. The PLAINTEXT listener on :attr:`bootstrap` stays (admin, readiness)."""
         self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
         """Kept across stops: a start on the same dir restarts the same cluster (same
         cluster id, ports and topics, offsets and messages) instead of a new one."""
@@ -476,6 +481,15 @@ class LocalKafka:
             "log.retention.hours": 2,
             "log.retention.check.interval.ms": 60_000,
         }
+        if self.secure_listener:
+            extra = dict(self.secure_listener)
+            sp = extra.pop("port")
+            props["listeners"] = f"{props['listeners']},SASL_SSL://127.0.0.1:{sp}"
+            props["advertised.listeners"] = (
+                f"{props['advertised.listeners']},SASL_SSL://127.0.0.1:{sp}"
+            )
+            props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+            props.update(extra)
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _wait_ready(self) -> None:
