@@ -41,6 +41,9 @@ __all__ = ["WorkerParts", "register_agents"]
 
 log = logging.getLogger(__name__)
 
+#: Under the broker's default ``message.max.bytes`` (1 MiB) with room for headers.
+MAX_RECORD_BYTES = 900 * 1024
+
 
 @dataclass
 class WorkerParts:
@@ -165,21 +168,36 @@ def register_agents(
     verdicts_sent: dict[int, int] = {}
     """verdicts partition -> offset of the last verdict this worker put there."""
 
+    def fits(kind: str, value: bytes, what: str) -> bool:
+        """A record over the broker's default limit would kill the producer (and with it
+        the worker): log it, count it as a detector error, and do not send it."""
+        if len(value) <= MAX_RECORD_BYTES:
+            return True
+        router.stats.detector_errors += 1
+        log.error("%s %s is %d bytes, over %d: not sent", kind, what, len(value), MAX_RECORD_BYTES)
+        return False
+
     async def emit(out: Output, store: TableCheckpoints, *, heartbeat: bool = False) -> None:
         watch.output(out)
+        encoded = [
+            (v, encode_verdict(v), clock) for v, clock in zip(out.verdicts, out.clocks, strict=True)
+        ]
         sent = [
             await verdicts_t.send(
                 key=v.host.encode(),
-                value=encode_verdict(v),
+                value=data,
                 headers=[(CLOCK_HEADER, str(clock).encode())],
             )
-            for v, clock in zip(out.verdicts, out.clocks, strict=True)
+            for v, data, clock in encoded
+            if fits("verdict", data, v.id)
         ]
         if store is comm_store:
             await send_watermarks(sent, heartbeat)
         for c in out.commands:
             log.info("isolation command %s: %s %s (%s)", c.id, c.action, c.host, c.fault)
-            await isolations_t.send(key=c.host.encode(), value=encode_command(c))
+            data = encode_command(c)
+            if fits("isolation command", data, c.id):
+                await isolations_t.send(key=c.host.encode(), value=data)
         await dl.publish(out.deadletters)
         for partition, key, data in out.checkpoints:
             store.put(partition, key, data)
