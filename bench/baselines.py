@@ -17,7 +17,7 @@ are deliberately the simple rules deployed today:
 
 Each is a small stateful class with ``feed(events)`` / ``finish()`` (so the benchmark
 can drive all detectors in one pass over a simulated trace) and a plain function over
-an event iterator. Decisions are :class:`bench.scoring.Decision`.
+an event iterator. Decisions are :class:`streams.scoring.Decision`.
 
 >>> from producers.events import ProgressEvent
 >>> def hb(rank, ts_s, started, completed, inflight_s=None):
@@ -38,8 +38,8 @@ from collections.abc import Iterable
 
 import msgspec
 
-from bench.scoring import Decision
 from producers.events import Event, ProgressEvent
+from streams.scoring import Decision
 
 __all__ = [
     "NcclRas",

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from producers.events import Conn, Event, OpEvent, ProgressEvent, decode_message, encode_message
+from producers.simulator import SCENARIOS as SIM_SCENARIOS
+from producers.simulator import simulate, with_gpus
 from streams.core import DetectionPipeline
 
 T0 = 1_750_000_000_000_000
@@ -112,9 +114,7 @@ def demo(gpus: int) -> list[list[Event]]:
     """The simulator's demo job (seed 0) at ``gpus`` GPUs, as exporter batches."""
     import msgspec
 
-    from producers.simulator import SCENARIOS, simulate, with_gpus
-
-    cfg = with_gpus(msgspec.structs.replace(SCENARIOS["demo"], seed=0), gpus)
+    cfg = with_gpus(msgspec.structs.replace(SIM_SCENARIOS["demo"], seed=0), gpus)
     return list(simulate(cfg))
 
 

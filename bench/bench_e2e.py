@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from compose.local_broker import ensure_broker
 from producers.events import Event
 from producers.replay import ReplayConfig, replay

@@ -31,12 +31,13 @@ from pathlib import Path
 
 import msgspec
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from compose.local_broker import LocalKafka, create_topics
 from producers.exporter import Exporter, ExporterConfig
 from producers.formats.flight_recorder import read_flight_recorder
 from producers.formats.inspector import read_inspector_file
 from producers.replay import ReplayConfig, replay
+from producers.simulator import SCENARIOS, with_gpus, write_trace
 
 Row = tuple[str, int, int, float]
 
@@ -58,7 +59,6 @@ def _topics(bootstrap: str, partitions: int) -> tuple[str, str]:
 
 
 def bench_replay(bootstrap: str, tmp: Path, gpus: int, duration: float) -> Row:
-    from producers.simulator import SCENARIOS, with_gpus, write_trace
 
     cfg = msgspec.structs.replace(
         with_gpus(SCENARIOS["healthy"], gpus), duration_s=duration, seed=0

@@ -3,7 +3,7 @@
 Runs every scenario of :mod:`bench.scenarios` through the simulator once, feeding
 each batch to c4stream's broker-free :class:`~streams.core.DetectionPipeline` and to
 the two baselines of :mod:`bench.baselines` side by side, scores all three with
-:mod:`bench.scoring`, and prints one table row per (fault class and severity,
+:mod:`streams.scoring`, and prints one table row per (fault class and severity,
 detector)::
 
     python -m bench.bench_quality                 # full suite: 90 runs, 128-1024 GPUs
@@ -31,8 +31,10 @@ import msgspec
 
 from bench.baselines import NcclRas, Watchdog
 from bench.scenarios import GROUPS, HANG_WATCH_S, Scenario, suite
-from bench.scoring import Decision, RunScore, from_command, score_run, truth_faults
 from producers.events import Event
+from producers.simulator import EPOCH_US, ground_truth, simulate
+from streams.core import DetectionPipeline
+from streams.scoring import Decision, RunScore, from_command, score_run, truth_faults
 
 DETECTORS = ("c4stream", "watchdog", "nccl-ras")
 
@@ -70,13 +72,6 @@ class _C4:
     name = "c4stream"
 
     def __init__(self) -> None:
-        try:
-            from streams.core import DetectionPipeline
-        except ImportError as err:  # the core is built in parallel; say what is missing
-            raise SystemExit(
-                f"cannot import streams.core.DetectionPipeline ({err}); "
-                "run with --detectors watchdog,nccl-ras to measure the baselines alone"
-            ) from None
         self.pipeline = DetectionPipeline()
 
     def feed(self, events: Sequence[Event]) -> list[Decision]:
@@ -142,7 +137,6 @@ class _Slot:
 
 def run_scenario(sc: Scenario, detectors: Sequence[str] = DETECTORS) -> RunResult:
     """Simulate one scenario once, feeding every batch to every detector; score them."""
-    from producers.simulator import EPOCH_US, ground_truth, simulate
 
     t_wall = time.perf_counter()
     slots = {name: _Slot(_FACTORIES[name]()) for name in detectors}

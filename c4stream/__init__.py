@@ -1,9 +1,9 @@
 """c4stream: find the faulty GPU, NIC, link or process of a training job from its
 collective-communication telemetry.
 
-This package holds what every stage shares (topic names, the typed configuration,
-dead-letter records) and the command-line front end that wires the stages together:
-``producers`` → ``streams`` → ``sinks``.
+This package is the top of the layers: the command-line front end and the demo, which
+wire the stages together (``producers`` → ``streams`` → ``sinks``, all standing on
+``c4base``, what every stage shares).
 """
 
 __version__ = "0.1.0"

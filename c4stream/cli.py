@@ -6,6 +6,7 @@ sinks: actuate, archive, alert · compose: broker · demo, config
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -14,6 +15,10 @@ import compose.cli
 import producers.cli
 import sinks.cli
 import streams.cli
+from c4base.settings_loader import SettingsError
+from c4stream.config import check_config
+from c4stream.config_warnings import config_warnings
+from c4stream.demo.run import DemoConfig, run_demo
 
 app = typer.Typer(
     name="c4stream",
@@ -24,6 +29,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    # Help texts name TOML tables such as [kafka]: rich markup would swallow them.
+    rich_markup_mode=None,
 )
 
 for stage in (producers.cli, streams.cli, sinks.cli, compose.cli):
@@ -46,9 +53,6 @@ def config_check(
     from rich.console import Console
     from rich.markup import escape
 
-    from c4stream.config import check_config
-    from c4stream.settings_loader import SettingsError
-
     console = Console()
     try:
         reports = check_config(path)
@@ -58,6 +62,8 @@ def config_check(
     for r in reports:
         mark = "[green]  ok [/]" if r.ok else "[red]error[/]"
         console.print(f"{mark} {escape(f'[{r.section}]')} {'' if r.ok else escape(r.message)}")
+    for w in config_warnings(path, env=os.environ):
+        console.print(f"[yellow] warn[/] {escape(f'[{w.section}]')} {escape(w.message)}")
     if not all(r.ok for r in reports):
         raise typer.Exit(1)
     console.print(f"{path}: {len(reports)} tables, all valid")
@@ -98,7 +104,6 @@ def demo(
     simulated 128-GPU job, shows decisions live, stops everything and writes
     OUT/report.html and the Parquet archive OUT/archive.
     """
-    from c4stream.demo.run import DemoConfig, run_demo
 
     result = run_demo(
         DemoConfig(

@@ -1,254 +1,51 @@
-"""One configuration file for every service: ``c4stream.toml``.
+"""Every table of ``c4stream.toml`` in one place, for ``c4stream config check``.
 
-``[kafka]`` is shared (bootstrap, topic prefix, SASL/TLS properties under
-``[kafka.extra]``); each service reads its own table (``[worker]``, ``[exporter]``,
-``[actuator]``, ``[archive]``, ``[alert]``) and the common ``[metrics]`` and ``[log]``.
-Environment variables ``C4STREAM__SECTION__KEY=value`` override the file, and
-``KAFKA_BOOTSTRAP`` overrides the bootstrap servers. ``c4stream config check FILE``
-validates every table with the same code the services use to read it.
+Each stage declares its own table (a :class:`~c4base.config.Section`) next to the
+code that uses it; this module, at the top of the layers, only gathers them so one
+command can validate a whole file with the same code the services use to read it.
 
-Precedence, lowest first: defaults < file < ``C4STREAM__…`` environment < command-line
-flags (``overrides``, dotted keys); ``KAFKA_BOOTSTRAP`` wins over any bootstrap.
-
->>> cfg = load_section("metrics", text="[metrics]\\nport = 9464", env={})
->>> cfg.port, cfg.host
-(9464, '127.0.0.1')
->>> load_section("metrics", text="[metrics]\\nport = 9464", env={}, overrides={"port": 1}).port
-1
 >>> check_config(text="[worker]\\nbatch_max = -1", env={})[0].ok
 False
+>>> load_section("metrics", text="[metrics]\\nport = 9464", env={}).port
+9464
 """
 
 from __future__ import annotations
 
-import enum
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, is_dataclass
-from pathlib import Path, PurePath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from c4stream.kafka import KafkaConfig
-from c4stream.metrics import MetricsConfig
-from c4stream.settings_loader import SettingsError, load_raw
+from c4base import config as base
+from c4base.settings_loader import load_raw
+from producers.exporter.core import EXPORTER_SECTION
+from sinks.actuator.config import ACTUATOR_SECTION
+from sinks.alert.config import ALERT_SECTION
+from sinks.archive.consumer import ARCHIVE_SECTION
+from streams.app.settings import WORKER_SECTION
 
-__all__ = [
-    "LogSettings",
-    "Section",
-    "SectionReport",
-    "check_config",
-    "flag_overrides",
-    "load_section",
-    "section_types",
-]
+__all__ = ["SECTIONS", "SectionReport", "check_config", "load_section"]
 
-Converter = Callable[[dict[str, Any], Mapping[str, str]], Any]
-"""``(table, environment) -> typed object``; raises ``ValueError`` (or msgspec's
-``ValidationError``) with a message naming the bad setting."""
-
-
-@dataclass(frozen=True, slots=True)
-class LogSettings:
-    level: str = "INFO"
-    json: bool = False
-    """One JSON object per line, for log shippers."""
+SECTIONS: dict[str, base.Section] = {
+    "kafka": base.KAFKA_SECTION,
+    "metrics": base.METRICS_SECTION,
+    "log": base.LOG_SECTION,
+    "worker": WORKER_SECTION,
+    "exporter": EXPORTER_SECTION,
+    "actuator": ACTUATOR_SECTION,
+    "archive": ARCHIVE_SECTION,
+    "alert": ALERT_SECTION,
+}
+"""Table name → how it is read, for every table the file may hold."""
 
 
-def _dec_hook(typ: type, obj: Any) -> Any:
-    # msgspec has no Path type: the exporter's dataclass uses Path fields.
-    if isinstance(typ, type) and issubclass(typ, PurePath) and isinstance(obj, str):
-        return typ(obj)
-    raise NotImplementedError(f"{typ} is not a supported setting type")
-
-
-@dataclass(frozen=True, slots=True)
-class Section:
-    """How one table becomes the typed object its service uses.
-
-    ``convert`` is for services whose loader does more than a type check (the alerter
-    resolves ``url_env`` from the environment); by default the table is converted to
-    ``cls`` with msgspec.
-    """
-
-    cls: type
-    convert: Converter | None = None
-
-    def build(self, data: dict[str, Any], env: Mapping[str, str]) -> Any:
-        if self.convert is not None:
-            return self.convert(data, env)
-        if is_dataclass(
-            self.cls
-        ):  # msgspec ignores unknown keys of dataclasses; a typo must not pass
-            known = {f.name for f in fields(self.cls)}
-            unknown = sorted(set(data) - known)
-            if unknown:
-                raise ValueError(
-                    f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-                )
-        return msgspec.convert(data, self.cls, dec_hook=_dec_hook)
-
-
-def _worker() -> Section:
-    from streams.app.settings import WorkerConfig
-
-    def convert(data: dict[str, Any], env: Mapping[str, str]) -> Any:
-        cfg = msgspec.convert(data, WorkerConfig)
-        _check_core_tables(cfg)
-        return cfg
-
-    return Section(WorkerConfig, convert)
-
-
-def _check_core_tables(cfg: Any) -> None:
-    """``[worker.detect]``/``[worker.policy]`` against the detection core's own types.
-
-    The worker keeps them as plain tables (it builds the core's objects at start-up),
-    so without this a typo in a threshold would pass the check silently.
-    """
-    try:
-        import streams.core as core
-    except ImportError:  # the core is optional for the check; the worker needs it
-        return
-    for name, type_name in (("detect", "DetectConfig"), ("policy", "PolicyConfig")):
-        cls = getattr(core, type_name, None)
-        table = getattr(cfg, name, None)
-        if cls is None or not table:
-            continue
-        known = set(getattr(cls, "__struct_fields__", ()))
-        unknown = sorted(set(table) - known) if known else []
-        if unknown:
-            raise SettingsError(
-                f"[worker.{name}] unknown setting(s) {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        try:
-            msgspec.convert(table, cls)
-        except msgspec.ValidationError as err:
-            raise SettingsError(f"[worker.{name}] {err}") from None
-
-
-def _exporter() -> Section:
-    from producers.exporter.core import ExporterConfig
-
-    return Section(ExporterConfig)
-
-
-def _actuator() -> Section:
-    from sinks.actuator.config import ActuatorConfig
-
-    return Section(ActuatorConfig)
-
-
-def _archive() -> Section:
-    from sinks.archive.consumer import ArchiveConfig
-
-    return Section(ArchiveConfig)
-
-
-def _alert() -> Section:
-    from sinks.alert.config import AlertConfig, config_from_table
-
-    return Section(AlertConfig, lambda data, env: config_from_table(data, env, "[alert]"))
-
-
-def section_types() -> dict[str, Callable[[], Section]]:
-    """Each table of the file and (lazily, to keep start-up fast) how it is read."""
-    return {
-        "kafka": lambda: Section(KafkaConfig),
-        "metrics": lambda: Section(MetricsConfig),
-        "log": lambda: Section(LogSettings),
-        "worker": _worker,
-        "exporter": _exporter,
-        "actuator": _actuator,
-        "archive": _archive,
-        "alert": _alert,
-    }
-
-
-def _has_kafka_field(cls: type) -> bool:
-    if is_dataclass(cls):
-        return any(f.name == "kafka" for f in fields(cls))
-    return "kafka" in getattr(cls, "__struct_fields__", ())
-
-
-def _section_data(doc: Mapping[str, Any], name: str, cls: type) -> dict[str, Any]:
-    data = dict(doc.get(name, {}))
-    # The shared [kafka] table fills a service's own kafka settings unless it has some.
-    if name != "kafka" and _has_kafka_field(cls) and "kafka" not in data and "kafka" in doc:
-        data["kafka"] = dict(doc["kafka"])
-    return data
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    node = data
-    for part in parents:
-        child = node.get(part)
-        node[part] = child = dict(child) if isinstance(child, Mapping) else {}
-        node = child
-    node[last] = value
-
-
-def load_section(
-    name: str,
-    path: str | Path | None = None,
-    *,
-    text: str | None = None,
-    env: Mapping[str, str] | None = None,
-    cls: type | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Any:
-    """The typed settings of one service from the file (defaults where it is silent).
-
-    ``overrides`` are dotted keys (``"kafka.bootstrap"``, ``"group"``) from command-line
-    flags; they win over the file and the environment. Raises :class:`SettingsError`.
-    """
-    env = os.environ if env is None else env
-    section = Section(cls) if cls is not None else section_types()[name]()
-    doc, source = load_raw(path, text=text, env=env)
-    if not isinstance(doc.get(name, {}), Mapping):
-        raise SettingsError(f"{source}: [{name}] must be a table")
-    data = _section_data(doc, name, section.cls)
-    for key, value in (overrides or {}).items():
-        _set_dotted(data, key, value)
-    if overrides:
-        source += " + command line"
-    try:
-        return section.build(data, env)
-    except (msgspec.ValidationError, ValueError) as err:
-        msg = str(err)
-        if msg.startswith(f"[{name}"):
-            raise SettingsError(f"{source}: {msg}") from None
-        raise SettingsError(f"{source}: [{name}] {msg}") from None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, PurePath):
-        return str(value)
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def flag_overrides(ctx: Any, keys: Mapping[str, str], **values: Any) -> dict[str, Any]:
-    """Dotted config keys of the options the user actually gave (not their defaults).
-
-    ``ctx`` is the Click/Typer context, ``keys`` maps an option's parameter name to its
-    config key; ``values`` replaces a parameter's raw value (e.g. a list split on commas).
-    Flags absent from the command line leave the file's value in place.
-    """
-    out: dict[str, Any] = {}
-    for param, key in keys.items():
-        # Compared by name: Typer ships its own copy of Click (typer._click), whose
-        # ParameterSource is a different enum from click's.
-        source = ctx.get_parameter_source(param)
-        if getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT"):
-            out[key] = _plain(values[param] if param in values else ctx.params[param])
-    return out
+def load_section(name: str, path: str | Path | None = None, **kwargs: Any) -> Any:
+    """:func:`c4base.config.load_section` for a table known by name."""
+    return base.load_section(name, SECTIONS[name], path, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,25 +64,21 @@ def check_config(
     """Validate every table; unknown tables are errors too (a typo must not pass)."""
     env = os.environ if env is None else env
     doc, source = load_raw(path, text=text, env=env)
-    types = section_types()
     out: list[SectionReport] = []
     for name in doc:
-        if name not in types:
+        if name not in SECTIONS:
             out.append(
-                SectionReport(name, False, f"unknown table [{name}]; known: {', '.join(types)}")
+                SectionReport(name, False, f"unknown table [{name}]; known: {', '.join(SECTIONS)}")
             )
-    for name, get in types.items():
+    for name, section in SECTIONS.items():
         if name not in doc:
             continue
-        section = get()
         if not isinstance(doc[name], Mapping):
             out.append(SectionReport(name, False, f"{source}: {name} must be a [{name}] table"))
             continue
         try:
-            section.build(_section_data(doc, name, section.cls), env)
+            section.build(base.section_data(doc, name, section.cls), env)
             out.append(SectionReport(name, True, "ok"))
         except (msgspec.ValidationError, ValueError) as err:
-            msg = str(err)
-            where = "" if msg.startswith(f"[{name}") else f"[{name}] "
-            out.append(SectionReport(name, False, f"{source}: {where}{msg}"))
+            out.append(SectionReport(name, False, f"{source}: {base.describe_error(name, err)}"))
     return out

@@ -43,7 +43,7 @@ from types import TracebackType
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from c4stream.kafka_admin import create_topics
+from c4base.kafka_admin import create_topics
 
 __all__ = [
     "KAFKA_VERSION",
@@ -546,7 +546,7 @@ def _stop_all() -> None:
 # --------------------------------------------------------------------------- topics
 
 
-# create_topics lives in c4stream.kafka_admin (the worker and the demo use it too);
+# create_topics lives in c4base.kafka_admin (the worker and the demo use it too);
 # it is re-exported here for the test fixtures.
 
 

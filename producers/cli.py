@@ -9,8 +9,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+from c4base.config import KAFKA_SECTION, flag_overrides, load_section
+from c4base.kafka import KafkaConfig
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from producers.exporter import ExporterConfig, run_exporter
+from producers.exporter.core import EXPORTER_SECTION
+from producers.replay import ReplayConfig, parse_speed
+from producers.replay import replay as run_replay
+from producers.simulator.cli_impl import list_scenarios, resolve_config, run
+from producers.simulator.config import SimConfigError
+from producers.sources import SourceError
 
 
 def simulate(
@@ -27,11 +38,6 @@ def simulate(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Simulate a training job with injected faults into a trace and a ground truth."""
-    from rich.console import Console
-
-    from producers.simulator.cli_impl import list_scenarios, resolve_config, run
-    from producers.simulator.config import SimConfigError
-
     console = Console()
     if list_:
         list_scenarios(console)
@@ -40,7 +46,7 @@ def simulate(
         cfg = resolve_config(scenario, config, gpus, duration, seed)
         run(cfg, out, truth, console, progress)
     except SimConfigError as err:
-        console.print(f"[red]simulate: {err}[/red]")
+        typer.echo(f"c4stream simulate: {err}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -67,8 +73,12 @@ def exporter(
         Path | None,
         typer.Option("--state-file", help="file positions: a restart neither loses nor repeats"),
     ] = None,
-    topic: Annotated[str, typer.Option("--topic", help="events topic")] = "c4.events",
-    deadletter_topic: Annotated[str, typer.Option("--deadletter-topic")] = "c4.deadletter",
+    topic: Annotated[
+        str, typer.Option("--topic", help="events topic (default: c4.events after the prefix)")
+    ] = "",
+    deadletter_topic: Annotated[
+        str, typer.Option("--deadletter-topic", help="default: c4.deadletter after the prefix")
+    ] = "",
     job: Annotated[
         str | None, typer.Option("--job", help="job id (default: from the dir name)")
     ] = None,
@@ -81,18 +91,11 @@ def exporter(
     log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
 ) -> None:
     """Follow an NCCL Inspector dump directory and publish its events to Kafka."""
-    from rich.console import Console
-
-    from c4stream.config import flag_overrides, load_section
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from producers.exporter import ExporterConfig, run_exporter
-
     # Flags given on the command line win over [exporter]; [exporter] over the defaults.
     flags = flag_overrides(ctx, _EXPORTER_FLAGS)
     try:
         svc = start_service(config, ctx, stage="exporter")
-        cfg: ExporterConfig = load_section("exporter", config, overrides=flags)
+        cfg: ExporterConfig = load_section("exporter", EXPORTER_SECTION, config, overrides=flags)
     except SettingsError as err:
         if directory is None and "`directory`" in str(err):
             raise typer.BadParameter(
@@ -130,27 +133,32 @@ def replay(
     speed: Annotated[
         str, typer.Option("--speed", help="pace factor, or 'max' for no pacing")
     ] = "1.0",
-    topic: Annotated[str, typer.Option("--topic", help="events topic")] = "c4.events",
-    deadletter_topic: Annotated[str, typer.Option("--deadletter-topic")] = "c4.deadletter",
+    topic: Annotated[
+        str, typer.Option("--topic", help="events topic (default: c4.events after the prefix)")
+    ] = "",
+    deadletter_topic: Annotated[
+        str, typer.Option("--deadletter-topic", help="default: c4.deadletter after the prefix")
+    ] = "",
     job: Annotated[
         str | None, typer.Option("--job", help="job id for Inspector / Flight Recorder input")
     ] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="c4stream.toml: [kafka] (bootstrap, topic_prefix)"),
+    ] = None,
 ) -> None:
     """Publish a recorded trace to Kafka at its recorded pace scaled by --speed."""
-    from rich.console import Console
-
-    from c4stream.kafka import KafkaConfig
-    from producers.replay import ReplayConfig, parse_speed
-    from producers.replay import replay as run_replay
-    from producers.sources import SourceError
-
     console = Console(stderr=True)
     try:
         pace = parse_speed(speed)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--speed") from None
-    kafka = KafkaConfig(bootstrap=bootstrap) if bootstrap else KafkaConfig()
+    try:
+        over = {"bootstrap": bootstrap} if bootstrap else None
+        kafka: KafkaConfig = load_section("kafka", KAFKA_SECTION, config, overrides=over)
+    except SettingsError as err:
+        raise typer.BadParameter(str(err), param_hint="--config") from None
     cfg = ReplayConfig(
         kafka=kafka,
         events_topic=topic,
@@ -162,7 +170,7 @@ def replay(
     try:
         stats = run_replay(traces, cfg)
     except SourceError as err:
-        console.print(f"[red]replay: {err}[/red]")
+        typer.echo(f"c4stream replay: {err}", err=True)
         raise typer.Exit(2) from None
     rate = stats.events / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
     console.print(
@@ -171,7 +179,7 @@ def replay(
         f"acknowledged {stats.delivered}/{stats.messages}"
     )
     if not stats.ok:
-        console.print("[red]replay: some messages were not acknowledged by Kafka[/red]")
+        typer.echo("c4stream replay: some messages were not acknowledged by Kafka", err=True)
         raise typer.Exit(1)
 
 

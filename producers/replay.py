@@ -27,8 +27,9 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, Message
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 from producers.events import Event, encode_message
 from producers.exporter.publisher import Publisher, PublisherConfig
 from producers.sources import BadLine, SourceBatch, open_sources
@@ -62,8 +63,9 @@ def parse_speed(text: str) -> float | None:
 @dataclass(frozen=True, kw_only=True)
 class ReplayConfig:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
-    events_topic: str = "c4.events"
-    deadletter_topic: str = "c4.deadletter"
+    events_topic: str = ""
+    deadletter_topic: str = ""
+    """Topic overrides; empty: ``Topics(prefix=kafka.topic_prefix)``'s, as every stage."""
     speed: float | None = 1.0
     """Trace seconds per wall second; ``None`` = as fast as possible."""
     job: str | None = None
@@ -74,6 +76,12 @@ class ReplayConfig:
     """A converted group is sent early at this size (keeps messages well under 1 MB)."""
     progress: bool = True
     flush_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        # Frozen: resolve the defaults once, so every reader sees the prefixed names.
+        topics = Topics(prefix=self.kafka.topic_prefix)
+        object.__setattr__(self, "events_topic", self.events_topic or topics.events)
+        object.__setattr__(self, "deadletter_topic", self.deadletter_topic or topics.deadletter)
 
 
 @dataclass

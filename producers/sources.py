@@ -4,7 +4,10 @@
 
 * a contract JSON-lines trace (plain or gzip; one event or an array per line);
 * an NCCL Inspector dump directory (``<host>-pid<pid>.log`` JSON lines) or one such file;
-* PyTorch Flight Recorder dumps (pickle or JSON), one file per rank, or a directory of them;
+* PyTorch Flight Recorder dumps (pickle or JSON), one file per rank, or a directory of them:
+  the dumps of one directory (or of directories without a rank in common, e.g. one per
+  host) are one snapshot (every rank's dump taken at one moment), read together so that
+  group membership can come from the dumps themselves;
 * a directory mixing these: every regular, non-hidden file in it is sniffed on its own.
 
 Each file is recognised by its first bytes, not its name (``sniff``). Everything comes
@@ -48,7 +51,12 @@ from typing import Literal
 import msgspec
 
 from producers.events import Event
-from producers.formats.flight_recorder import looks_like_flight_recorder, read_flight_recorder
+from producers.formats.flight_recorder import (
+    FlightRecorderError,
+    looks_like_flight_recorder,
+    rank_from_filename,
+    read_flight_recorder_snapshot,
+)
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
 from producers.traces import BadLine, TraceLine, read_trace
 
@@ -87,6 +95,9 @@ class SourceBatch:
     events: list[Event]
     raw: bytes | None = None
     """The original contract JSON line (stripped) for traces; ``None`` for converted input."""
+    snapshot: str | None = None
+    """For Flight Recorder dumps: the snapshot (directory of per-rank dumps taken at one
+    moment) they belong to; a consumer can judge a snapshot as a whole."""
 
     @property
     def ts_us(self) -> int:
@@ -158,10 +169,57 @@ def _read_file(path: Path, kind: Kind, job: str, on_bad: OnBad | None) -> Iterat
         for lineno, ev in read_inspector_file(path, job=job, on_bad=on_bad):
             yield SourceBatch(f"{name}:{lineno}", [ev])
     else:
-        events = read_flight_recorder(path, job=job, on_bad=on_bad)
-        # One batch per event keeps the merged stream in event time; the dump is one unit.
+        yield from _read_snapshot([path], job, on_bad)
+
+
+def _snapshots(files: list[Path]) -> list[list[Path]]:
+    """Group one input path's dump files into snapshots (every rank at one moment).
+
+    A snapshot holds at most one dump per rank. The dumps of one directory belong
+    together (pickle and JSON dumps apart: each set is one snapshot); directories whose
+    ranks do not overlap are joined (per-host directories of one moment), directories
+    with a rank in common are not (``during/`` and ``after_timeout/``, ``pickle/`` and
+    ``json/``), in sorted order.
+
+    >>> p = [Path(x) for x in ("a/h1/r_0", "a/h1/r_1", "a/h2/r_2", "b/r_0", "b/r_1")]
+    >>> [[str(f) for f in s] for s in _snapshots(p)]
+    [['a/h1/r_0', 'a/h1/r_1', 'a/h2/r_2'], ['b/r_0', 'b/r_1']]
+    """
+    by_dir: dict[tuple[Path, bool], list[Path]] = {}
+    for f in sorted(files):
+        # PyTorch's pickle and JSON dumps of one moment side by side: two snapshots
+        by_dir.setdefault((f.parent, _is_json(f)), []).append(f)
+    out: list[tuple[set[int | str], list[Path]]] = []
+    for group in by_dir.values():
+        ranks: set[int | str] = set()
+        for f in group:
+            try:
+                ranks.add(rank_from_filename(f))
+            except FlightRecorderError:
+                ranks.add(str(f))  # no rank in the name: its own key (reported later)
+        for seen, snap in out:
+            if not seen & ranks:
+                seen |= ranks
+                snap += group
+                break
+        else:
+            out.append((ranks, list(group)))
+    return [snap for _, snap in out]
+
+
+def _is_json(path: Path) -> bool:
+    try:
+        return _head(path).lstrip()[:1] == b"{"
+    except OSError:
+        return False
+
+
+def _read_snapshot(paths: list[Path], job: str, on_bad: OnBad | None) -> Iterator[SourceBatch]:
+    """One batch per event keeps the merged stream in event time; each dump is one unit."""
+    snap = str(paths[0].parent)
+    for path, events in read_flight_recorder_snapshot(paths, job=job, on_bad=on_bad):
         for ev in events:
-            yield SourceBatch(f"{name}:0", [ev])
+            yield SourceBatch(f"{path}:0", [ev], snapshot=snap)
 
 
 def open_source(
@@ -192,6 +250,7 @@ def open_sources(
     then read lazily: memory stays bounded by one batch per file.
     """
     streams: list[Iterator[SourceBatch]] = []
+    dumps: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
     for path in paths:
         p = Path(path)
         the_job = job or inspector_job_from_dir(p if p.is_dir() else p.parent)
@@ -200,7 +259,13 @@ def open_sources(
                 kind = sniff(f)
             except OSError as err:
                 raise SourceError(f"{f}: cannot read: {err}") from None
-            streams.append(_read_file(f, kind, the_job, on_bad))
+            if kind == "flight_recorder":
+                dumps.setdefault((p, the_job), []).append(f)
+            else:
+                streams.append(_read_file(f, kind, the_job, on_bad))
+    for (_, the_job), files in dumps.items():
+        for snapshot in _snapshots(files):
+            streams.append(_read_snapshot(snapshot, the_job, on_bad))
     if len(streams) == 1:
         return streams[0]
     return heapq.merge(*streams, key=lambda b: b.ts_us)

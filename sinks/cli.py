@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import typer
 
+from sinks.actuator.cli import actuate
+from sinks.alert.cli import alert_app
+from sinks.archive.cli import app as archive_app
+
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the main ``c4stream`` app."""
-    from sinks.archive.cli import app as archive_app  # typer only; the archiver loads lazily
 
     app.add_typer(archive_app, name="archive")
-    from sinks.actuator.cli import actuate
 
     app.command("actuate")(actuate)
-
-    from sinks.alert.cli import alert_app
 
     app.add_typer(alert_app, name="alert")

@@ -5,12 +5,20 @@ Heavy imports stay inside the command functions so that `c4stream --help` is fas
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from streams.app.settings import WorkerConfigError, load_worker_config
+from streams.app.topics_admin import TopicSetupError
+from streams.core import PolicyConfig
+from streams.detect import DetectInputError, run_detect, summary_table
+from streams.worker import run_worker
 
 
 def register(app: typer.Typer) -> None:
@@ -46,11 +54,6 @@ def worker(
     Logs and the Prometheus /metrics endpoint follow [log] and [metrics] of --config;
     the flags win over the file.
     """
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from streams.app.settings import WorkerConfigError, load_worker_config
-    from streams.app.topics_admin import TopicSetupError
-    from streams.worker import run_worker
 
     try:
         cfg = load_worker_config(
@@ -71,7 +74,8 @@ def detect(
     traces: Annotated[
         list[Path],
         typer.Argument(
-            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps."
+            help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps "
+            "(a directory per snapshot: every rank's dump of one moment)."
         ),
     ],
     out: Annotated[
@@ -89,15 +93,8 @@ def detect(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary table.")] = False,
 ) -> None:
-    """Run the detection core over recorded traces, in event time, without Kafka."""
-    import sys
-
-    from rich.console import Console
-
-    from streams.core import PolicyConfig
-    from streams.detect import DetectInputError, run_detect, summary_table
-
-    err = Console(stderr=True, highlight=False)
+    """Run the detection core over recorded traces, in event time, without Kafka;
+    Flight Recorder snapshots are judged as a whole."""
     policy = PolicyConfig(dry_run=not no_dry_run, deny_hosts=list(deny or []), job_hosts=job_hosts)
     shown = 0
 
@@ -105,9 +102,10 @@ def detect(
         nonlocal shown
         shown += 1
         if shown <= 20:
-            err.print(f"bad input: {b}", markup=False)
+            # typer.echo, not rich: a file:line: reason line is for grep, never wrapped
+            typer.echo(f"bad input: {b}", err=True)
         elif shown == 21:
-            err.print("bad input: more bad lines follow; counting only", markup=False)
+            typer.echo("bad input: more bad lines follow; counting only", err=True)
 
     try:
         res = run_detect(traces, out, policy=policy, on_bad=on_bad)

@@ -3,7 +3,10 @@
 Loader → pipeline → writer, in event time, deterministic: the same traces give the same
 commands, byte for byte. Input is anything :mod:`producers.sources` opens (contract
 JSON lines plain or gzip, NCCL Inspector dumps, Flight Recorder dumps); bad lines are
-reported with ``file:line: reason``, counted, and skipped.
+reported with ``file:line: reason``, counted, and skipped. Flight Recorder dumps are a
+snapshot (every rank's ring at one moment), judged as a whole
+(:mod:`streams.core.snapshot`) rather than replayed as a stream; their verdicts go
+through the same correlator and rails.
 
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from producers.events import Event
+from producers.sources import SourceError, open_sources
 from producers.traces import BadLine
 from streams.commands import IsolationCommand, encode_command
 from streams.core import DetectConfig, DetectionPipeline, PolicyConfig
@@ -55,31 +59,19 @@ def _open_out(path: Path) -> IO[bytes]:
     return gzip.open(path, "wb") if path.suffix == ".gz" else open(path, "wb")
 
 
-def _batches(paths: list[Path], on_bad: Callable[[BadLine], None]) -> Iterator[list[Event]]:
-    """Event batches from the inputs, through producers.sources when it is there."""
+def _batches(
+    paths: list[Path], on_bad: Callable[[BadLine], None]
+) -> Iterator[tuple[list[Event], str | None]]:
+    """Event batches from the inputs (any format :mod:`producers.sources` reads), each
+    with the snapshot it belongs to (Flight Recorder dumps) or None (a stream)."""
     for p in paths:
         if not p.exists():
             raise DetectInputError(
                 f"{p}: no such file or directory; give a trace file or dump directory that exists"
             )
     try:
-        from producers.sources import SourceError, open_sources
-    except ImportError:  # readers of other formats not installed: contract traces only
-        from producers.traces import TraceLine, read_trace
-
-        for p in paths:
-            try:
-                for item in read_trace(p):
-                    if isinstance(item, TraceLine):
-                        yield item.events
-                    else:
-                        on_bad(item)
-            except OSError as err:
-                raise DetectInputError(f"{p}: cannot read: {err}") from None
-        return
-    try:
         for batch in open_sources(paths, on_bad=on_bad):
-            yield batch.events
+            yield batch.events, batch.snapshot
     except SourceError as err:
         raise DetectInputError(str(err)) from None
     except OSError as err:
@@ -105,18 +97,27 @@ def run_detect(
     pipe = DetectionPipeline(detect, policy)
     outp = Path(out)
     batches = _batches([Path(p) for p in paths], bad)
+    # Dumps (one snapshot: every rank at one moment) are judged as a whole once read;
+    # they are small (a ring of at most a few thousand entries per rank).
+    snapshots: dict[str, list[Event]] = {}
     with _open_out(outp) as fh:
-        for events in batches:
+        for events, snapshot in batches:
             if res.first_ts_us is None and events:
                 res.first_ts_us = events[0].ts_us
+            if snapshot is not None:
+                snapshots.setdefault(snapshot, []).extend(events)
+                continue
             for cmd in pipe.feed(events):
+                fh.write(encode_command(cmd) + b"\n")
+        for snap in snapshots.values():
+            for cmd in pipe.judge_snapshot(snap):
                 fh.write(encode_command(cmd) + b"\n")
         for cmd in pipe.finish():
             fh.write(encode_command(cmd) + b"\n")
     res.commands = pipe.commands
     res.n_events = pipe.n_events
     res.n_verdicts = len(pipe.verdicts)
-    res.n_communicators = len(pipe.detectors)
+    res.n_communicators = len(pipe.detectors) + len(pipe.snapshot_comms)
     res.elapsed_s = time.perf_counter() - t0
     return res
 

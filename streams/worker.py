@@ -24,7 +24,10 @@ from typing import Any
 import msgspec
 
 from streams.app import lifeguard
+from streams.app.agents import write_status
+from streams.app.faust_app import make_app
 from streams.app.settings import WorkerConfig
+from streams.app.topics_admin import ensure_topics
 
 __all__ = ["WorkerProcess", "WorkerStartError", "run_worker", "start_worker_process"]
 
@@ -40,16 +43,12 @@ def run_worker(
 ) -> int:
     """Create the topics, build the app and run it until SIGINT/SIGTERM; returns the exit code.
 
-    ``metrics`` (:class:`c4stream.metrics.Metrics`, served by the caller) gets the counters.
-    ``own_logging``: the caller has set up logging (``c4stream.service``); Faust then
+    ``metrics`` (:class:`c4base.metrics.Metrics`, served by the caller) gets the counters.
+    ``own_logging``: the caller has set up logging (``c4base.service``); Faust then
     leaves the root logger alone instead of installing its own handlers at
     ``config.loglevel``.
     """
     import faust
-
-    from streams.app.agents import write_status
-    from streams.app.faust_app import make_app
-    from streams.app.topics_admin import ensure_topics
 
     ensure_topics(config)
     # A fresh loop per run: Faust binds its services to the loop current at creation.

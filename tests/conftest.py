@@ -16,6 +16,9 @@ import pytest
 
 from compose.local_broker import broker_for_tests, create_topics
 
+# Real Slurm (munged + slurmctld + one slurmd): the ``slurm_cluster`` fixture.
+pytest_plugins = ["tests.slurm_fixture"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka: needs a Kafka broker (kafka_bootstrap fixture)")

@@ -7,7 +7,7 @@ import uuid
 
 from confluent_kafka import Consumer, Message
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 
 
 def consume(bootstrap: str, topic: str, expect: int, timeout: float = 30.0) -> list[Message]:

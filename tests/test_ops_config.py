@@ -9,9 +9,10 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from c4base.config import flag_overrides
+from c4base.settings_loader import SettingsError
 from c4stream.cli import app
-from c4stream.config import check_config, flag_overrides, load_section
-from c4stream.settings_loader import SettingsError
+from c4stream.config import check_config, load_section
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "c4stream" / "example.toml"
 SLACK = {"C4_SLACK_URL": "https://hooks.slack.com/services/T0/B0/secret"}
@@ -81,7 +82,7 @@ def test_cli_prints_the_example_and_it_checks(monkeypatch: pytest.MonkeyPatch) -
         ("[metrics]\nprot = 9464", "metrics", ["unknown setting", "prot"]),
         ('[exporter]\ndirectory = "/d"\ninterval = 1', "exporter", ["interval", "interval_s"]),
         ("[exporter]\ninterval_s = 1.0", "exporter", ["directory"]),
-        ('[actuator]\nbackend = "slurm"', "actuator", ["backend", "slurm"]),
+        ('[actuator]\nbackend = "pbs"', "actuator", ["backend", "pbs"]),
         ("[actuator]\nexecute = 1", "actuator", ["execute", "bool"]),
         ("[archive]\nroll_seconds = 1", "archive", ["out"]),
         ("[kafka]\nbootstrap = 9092", "kafka", ["bootstrap", "str"]),
@@ -202,3 +203,23 @@ def test_alerter_reads_its_own_file_and_the_unified_one(
         bad.write_text('[alert]\n[[alert.destination]]\ntype = "slack"\nurl_env = "C4_NOPE"\n')
         res = runner.invoke(app, ["alert", "test", "--config", str(bad)])
         assert res.exit_code == 2 and "C4_NOPE" in res.output
+
+
+# ------------------------------------------------------------------ warnings
+
+
+def test_config_check_warns_when_execute_meets_a_dry_run_worker(tmp_path: Path) -> None:
+    """Issue 13, defect 2: --execute with the worker's default dry_run acted on nothing."""
+    runner = CliRunner()
+    f = tmp_path / "c.toml"
+    f.write_text("[actuator]\nexecute = true\n[worker.policy]\ndry_run = true\n")
+    res = runner.invoke(app, ["config", "check", str(f)])
+    assert res.exit_code == 0, res.output
+    assert "warn" in res.output and "[worker.policy] dry_run is true" in res.output
+    f.write_text("[actuator]\nexecute = true\n[worker.policy]\ndry_run = false\n")
+    assert "dry_run" not in runner.invoke(app, ["config", "check", str(f)]).output
+    f.write_text(
+        '[alert]\n[[alert.destination]]\ntype = "alertmanager"\nurl = "http://127.0.0.1:9"\n'
+    )
+    res = runner.invoke(app, ["config", "check", str(f)])
+    assert res.exit_code == 0 and "alertmanager_api" in res.output

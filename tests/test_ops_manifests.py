@@ -13,9 +13,9 @@ import pytest
 import yaml
 from typer.main import get_command
 
+from c4base.metrics import Metrics
 from c4stream.cli import app
 from c4stream.config import check_config
-from c4stream.metrics import Metrics
 
 COMPOSE = Path(__file__).resolve().parents[1] / "compose"
 K8S = COMPOSE / "k8s"

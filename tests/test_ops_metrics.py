@@ -20,8 +20,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from c4stream.consumer_lag import LagMonitor
-from c4stream.metrics import Metrics
+from c4base.consumer_lag import LagMonitor
+from c4base.metrics import Metrics
 from streams.commands import IsolationCommand, encode_command
 
 pytestmark = pytest.mark.kafka
@@ -187,6 +187,12 @@ def test_actuator_metrics(
             == 3
         )
         assert value(s, "c4stream_sink_actions_total", stage="actuator", outcome="dry_run") == 3
+        # Exported at 0 from the start (issue 13): a panel shows 0, not "No data".
+        failed = (
+            "c4stream_sink_actions_total",
+            frozenset({"stage": "actuator", "outcome": "failed"}.items()),
+        )
+        assert s.get(failed) == 0
         assert value(s, "c4stream_processing_latency_seconds_count", stage="actuator") == 3
         # latency is measured from the command's ts_us: at least the 2 s it waited
         assert value(s, "c4stream_processing_latency_seconds_sum", stage="actuator") >= 3 * 2.0
@@ -298,8 +304,8 @@ def test_lag_monitor_reports_high_watermark_minus_position(
 
 @pytest.mark.timeout(60)
 def test_alerter_metrics_with_the_unified_config(kafka_bootstrap: str, tmp_path: Path) -> None:
+    from c4base.topics import Topics
     from c4stream.demo.receiver import WebhookReceiver
-    from c4stream.topics import Topics
     from compose.local_broker import create_topics
     from sinks.alert.samples import sample_command
 

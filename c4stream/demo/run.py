@@ -22,11 +22,17 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 from c4stream.demo.receiver import WebhookReceiver
 from c4stream.demo.services import ServiceGroup
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from compose.local_broker import create_topics, ensure_broker
+from producers.replay import ReplayConfig, replay
+from producers.simulator import SCENARIOS, with_gpus, write_trace
+from producers.traces import iter_events
+from sinks.report import lateness_maps, write_report
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
+from streams.scoring import component_label, score_commands, truth_faults
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
@@ -100,7 +106,6 @@ class _Replayer(threading.Thread):
         self._t0 = time.monotonic()
 
     def run(self) -> None:
-        from producers.replay import replay
 
         self._t0 = time.monotonic()
         try:
@@ -116,21 +121,15 @@ class _Replayer(threading.Thread):
             raise RuntimeError(f"replaying {self.trace} failed: {self.error}") from self.error
 
 
-def _matches(cmd: IsolationCommand, fault: dict[str, Any]) -> bool:
-    if cmd.fault != fault["expected_fault"] or cmd.ts_us < fault["start_us"] - 1_000_000:
-        return False
-    ends = {fault["host"], fault.get("peer_host")}
-    return cmd.host in ends or cmd.peer_host in ends
-
-
 def _commands_view(cmds: list[IsolationCommand], t0_us: int) -> Group:
     """A compact table (fits 80 columns) with each decision's reason below it."""
     table = Table(title="What c4stream decided")
     for col in ("#", "t (s)", "host", "component", "fault", "action", "conf."):
-        table.add_column(col)
+        # Never wrapped: a narrow terminal must not cut "GPU 5" down to "5".
+        table.add_column(col, no_wrap=col in ("host", "component", "fault"))
     reasons: list[Text] = []
     for i, c in enumerate(sorted(cmds, key=lambda c: c.ts_us), 1):
-        comp = f"GPU {c.gpu}" if c.gpu is not None else (c.nic or c.peer_host or "host")
+        comp = component_label(c.gpu, c.nic, c.peer_host)
         action = c.action + (" (dry run)" if c.dry_run else "")
         table.add_row(
             str(i),
@@ -148,17 +147,16 @@ def _commands_view(cmds: list[IsolationCommand], t0_us: int) -> Group:
 def _truth_table(result: DemoResult, t0_us: int) -> Table:
     table = Table(title="Injected faults vs decisions")
     for col in ("injected at (s)", "fault", "host", "component", "found", "latency (s)"):
-        table.add_column(col)
-    for f in result.truth.get("faults", []):
-        hits = sorted((c for c in result.commands if _matches(c, f)), key=lambda c: c.ts_us)
-        comp = f"GPU {f['gpu']}" if f.get("gpu") is not None else f.get("nic") or "host"
+        table.add_column(col, no_wrap=col in ("host", "component", "fault"))
+    score = score_commands(result.commands, result.truth)
+    for f, fs in zip(truth_faults(result.truth), score.faults, strict=True):
         table.add_row(
-            f"{(f['start_us'] - t0_us) / 1e6:.1f}",
-            f["expected_fault"],
-            f["host"],
-            str(comp),
-            "[green]yes[/]" if hits else "[red]no[/]",
-            f"{(hits[0].ts_us - f['start_us']) / 1e6:.1f}" if hits else "-",
+            f"{(f.start_us - t0_us) / 1e6:.1f}",
+            f.expected_fault,
+            f.host,
+            component_label(f.gpu, f.nic, f.peer_host),
+            "[green]yes[/]" if fs.found else "[red]no[/]",
+            f"{fs.latency_s:.1f}" if fs.found and fs.latency_s is not None else "-",
         )
     return table
 
@@ -167,7 +165,7 @@ def _start_services(svc: ServiceGroup, bootstrap: str, out: Path, chat_url: str)
     alert_toml = out / "alert.toml"
     alert_toml.write_text(
         "resolve_timeout_s = 120\n"
-        f'[[destination]]\ntype = "alertmanager"\nurl = "{chat_url}/alertmanager"\n'
+        f'[[destination]]\ntype = "alertmanager_webhook"\nurl = "{chat_url}/alertmanager"\n'
         f'[[destination]]\ntype = "slack"\nurl = "{chat_url}/slack"\n'
     )
     kafka = ("--bootstrap", bootstrap)
@@ -182,16 +180,11 @@ def _start_services(svc: ServiceGroup, bootstrap: str, out: Path, chat_url: str)
 
 
 def _all_found(cmds: list[IsolationCommand], truth: dict[str, Any]) -> bool:
-    return all(any(_matches(c, f) for c in cmds) for f in truth["faults"])
+    return score_commands(cmds, truth).all_found
 
 
 def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     """Run the whole demo; every child process is stopped before this returns."""
-    from compose.local_broker import create_topics, ensure_broker
-    from producers.replay import ReplayConfig
-    from producers.simulator import SCENARIOS, with_gpus, write_trace
-    from producers.traces import iter_events
-    from sinks.report import lateness_maps, write_report
 
     console = console or Console()
     out = config.out_dir.resolve()
@@ -284,14 +277,9 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
             title=f"c4stream demo — {config.gpus} GPUs, scenario {config.scenario}",
         )
     result.archive = out / "archive"
-    result.matched = sum(
-        any(_matches(c, f) for c in result.commands) for f in result.truth["faults"]
-    )
-    result.false_isolations = sum(
-        1
-        for c in result.commands
-        if c.action != "alert_only" and not any(_matches(c, f) for f in result.truth["faults"])
-    )
+    score = score_commands(result.commands, result.truth)
+    result.matched = sum(f.found for f in score.faults)
+    result.false_isolations = score.false_isolations
     console.print(_truth_table(result, t0_us))
     console.print(
         f"found {result.matched}/{len(result.truth['faults'])} injected faults, "

@@ -29,16 +29,19 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, Message
 
-from c4stream.consumer_lag import observe_latency
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
-from c4stream.metrics import Metrics
+from c4base.config import Section
+from c4base.consumer_lag import observe_latency
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.metrics import Metrics
+from c4base.topics import Topics
 from producers.events import encode_message
 from producers.exporter.positions import FilePosition, PositionStore
 from producers.exporter.publisher import Publisher, PublisherConfig, PublisherStopped
 from producers.exporter.tail import DirectoryTailer, Line, ReadPosition
 from producers.formats.inspector import (
     InspectorError,
+    InspectorStatsRecord,
     inspector_job_from_dir,
     parse_inspector_line,
 )
@@ -58,8 +61,9 @@ class ExporterConfig:
 
     directory: Path
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
-    events_topic: str = "c4.events"
-    deadletter_topic: str = "c4.deadletter"
+    events_topic: str = ""
+    deadletter_topic: str = ""
+    """Topic overrides; empty: ``Topics(prefix=kafka.topic_prefix)``'s, as every stage."""
     interval_s: float = 1.0
     state_file: Path | None = None
     job: str | None = None
@@ -73,6 +77,12 @@ class ExporterConfig:
     rotate_grace_s: float = 5.0
     flush_timeout_s: float = 10.0
     queue_max_messages: int = 10_000
+
+    def __post_init__(self) -> None:
+        # Frozen: resolve the defaults once, so every reader sees the prefixed names.
+        topics = Topics(prefix=self.kafka.topic_prefix)
+        object.__setattr__(self, "events_topic", self.events_topic or topics.events)
+        object.__setattr__(self, "deadletter_topic", self.deadletter_topic or topics.deadletter)
 
 
 @dataclass
@@ -179,6 +189,8 @@ class Exporter:
             if line.error is not None:
                 raise InspectorError(line.error)
             ev = parse_inspector_line(line.raw, job=self.job)
+        except InspectorStatsRecord:
+            return  # per-dump statistics (format v4.2): no event, and nothing lost
         except InspectorError as err:
             unit = _Unit(
                 self.config.deadletter_topic,
@@ -304,3 +316,7 @@ class Exporter:
             delivered=s.delivered,
             delivery_errors=s.delivery_errors,
         )
+
+
+EXPORTER_SECTION = Section(ExporterConfig)
+"""``[exporter]`` of ``c4stream.toml``."""

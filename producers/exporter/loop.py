@@ -11,7 +11,7 @@ import signal
 import threading
 from types import FrameType
 
-from c4stream.metrics import Metrics
+from c4base.metrics import Metrics
 from producers.exporter.core import Exporter, ExporterConfig, ExporterStats
 
 __all__ = ["run_exporter"]

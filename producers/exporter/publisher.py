@@ -1,7 +1,7 @@
 """A confluent-kafka producer with the settings and habits every c4stream publisher needs.
 
 * idempotent (no duplicates from its own retries), zstd-compressed, batched
-  (:meth:`c4stream.kafka.KafkaConfig.producer_config`), retried by librdkafka until
+  (:meth:`c4base.kafka.KafkaConfig.producer_config`), retried by librdkafka until
   ``message.timeout.ms``;
 * a bounded local queue (``queue.buffering.max.messages``): when it is full,
   ``produce`` raises ``BufferError`` and :meth:`Publisher.produce` serves delivery
@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 
 __all__ = ["DeliveryCallback", "Publisher", "PublisherConfig", "PublisherStopped"]
 

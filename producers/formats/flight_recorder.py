@@ -1,34 +1,40 @@
-"""PyTorch NCCL Flight Recorder dumps → contract ``progress`` and ``op`` events.
+"""PyTorch Flight Recorder dumps → contract ``progress`` and ``op`` events.
 
-PyTorch's ProcessGroupNCCL keeps a ring buffer of its last collectives
-(``TORCH_NCCL_TRACE_BUFFER_SIZE``) and dumps it per rank, usually when the watchdog
-times out, to ``${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-/tmp/nccl_trace_rank_}<rank>``: a
-pickle of builtin dicts/lists/tuples/str/int/float/bool/None (``FlightRecorder::dump``,
-pickled without type tags) or, from the JSON API, the same document as JSON with the
-``pg_config``/``pg_status`` values as strings and absent timestamps as ``0``. Keys read
-(``torch/csrc/distributed/c10d/FlightRecorder.hpp``, dump ``version`` "2.x"):
+PyTorch keeps a ring buffer of each process group's last collectives
+(``TORCH_FR_BUFFER_SIZE``, alias ``TORCH_NCCL_TRACE_BUFFER_SIZE``, default 2000) and
+dumps it per rank to ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` (default
+``~/.cache/torch/comm_lib_trace_rank_<rank>``; older releases: ``/tmp/nccl_trace_rank_``):
+a pickle of builtin dicts/lists/tuples/str/int/float/bool/None (pickled without type
+tags) or, from the JSON API, the same document as JSON with the ``pg_config``/
+``pg_status`` values as strings and absent timestamps as ``0``. Keys read
+(``torch/csrc/distributed/c10d/FlightRecorder.hpp``, dump ``version`` "2.x"; checked
+against real torch 2.15 gloo dumps, version "2.10"):
 
-* ``pg_config``: ``{group_name: {"name", "desc", "ranks": "[0, 1, …]"}}``
+* ``pg_config``: ``{group_name: {"name", "desc", "ranks": "[0, 1, …]"}}`` — unusable
+  from ProcessGroupGloo (``{'': {'name': '', 'ranks': '[0, 1]'}}`` on every rank), so
+  membership also comes from the snapshot's entries (:func:`group_members`)
 * ``pg_status``: ``{str(pg_id): {"last_enqueued_collective", "last_started_collective",
-  "last_completed_collective"}}``
+  "last_completed_collective"}}`` (gloo keeps ``last_started_collective`` at -1)
 * ``entries``: ``[{"pg_id", "process_group": (name, desc), "collective_seq_id",
   "p2p_seq_id", "op_id", "profiling_name", "time_created_ns",
   "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ms"?,
-  "input_sizes", "input_dtypes", "state": scheduled|started|completed, "is_p2p",
-  "timeout_ms", …}]``
+  "input_sizes", "input_dtypes", "state": scheduled|started|completed, "retired",
+  "is_p2p", "timeout_ms", …}]`` (gloo: always ``scheduled``, no discovered times,
+  ``retired`` once its work ended)
 
 Mapping, per process group (communicator ``comm`` = group name):
 
-* one ``progress`` event at the dump time: ``started``/``completed`` =
-  ``last_started_collective``/``last_completed_collective`` (negative "none yet" → 0;
-  from the entries when ``pg_status`` is missing), ``inflight_op``/``inflight_us`` from
-  the oldest entry that started but did not complete;
-* one ``op`` event per completed collective (entries of one coalesced launch share a
+* one ``progress`` event at the dump time: ``started`` = ``last_started_collective``, or
+  ``last_enqueued_collective`` where the backend records no starts (gloo);
+  ``completed`` = ``last_completed_collective`` (negative "none yet" → 0; from the
+  entries when ``pg_status`` is missing); ``inflight_op``/``inflight_us`` from the oldest
+  collective started and not finished;
+* one ``op`` event per finished collective (entries of one coalesced launch share a
   ``collective_seq_id`` and are merged): ``seq`` = ``collective_seq_id``, ``op`` from
   ``profiling_name`` (``nccl:all_reduce`` → ``AllReduce``), ``bytes`` from
   ``input_sizes`` × dtype size, ``exec_us`` = ``duration_ms``·1000 (needs
-  ``TORCH_NCCL_ENABLE_TIMING=1``) else the watchdog's discovered completed − started,
-  ``ts_us`` = discovered completion time.
+  ``TORCH_NCCL_ENABLE_TIMING=1``) else the watchdog's discovered completed − started
+  else 0 (gloo), ``ts_us`` = discovered completion time, else (gloo) the enqueue time.
 
 The dump time is not in the file: it is the newest timestamp in the entries, moved up
 to the file's mtime when that lies within the largest ``timeout_ms`` (+1 min) after it —
@@ -59,7 +65,7 @@ import math
 import os
 import pickle
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +80,9 @@ __all__ = [
     "load_flight_recorder_dump",
     "looks_like_flight_recorder",
     "rank_from_filename",
+    "group_members",
     "read_flight_recorder",
+    "read_flight_recorder_snapshot",
 ]
 
 
@@ -285,6 +293,37 @@ def _dump_time_us(entries: list[dict[str, Any]], file_mtime_us: int | None) -> i
     return file_mtime_us if file_mtime_us <= newest + cap else newest
 
 
+def group_members(dumps: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
+    """Which global ranks belong to each process group, read from the dumps themselves:
+    a group's members are the ranks whose dumps hold entries of it.
+
+    ProcessGroupGloo's ``pg_config`` is unusable (every rank writes
+    ``{'': {'name': '', 'ranks': '[0, 1]'}}`` whatever groups exist, observed with torch
+    2.15), but every entry names its group in ``process_group``. A rank whose dump is
+    missing, or whose ring no longer holds any entry of a group, is not seen as a member.
+
+    >>> e = lambda g: {"process_group": (g, ""), "collective_seq_id": 1}
+    >>> group_members({0: {"entries": [e("0"), e("1")]}, 1: {"entries": [e("0")]},
+    ...                2: {"entries": [e("0"), e("1")]}})
+    {'0': [0, 1, 2], '1': [0, 2]}
+    """
+    members: dict[str, set[int]] = {}
+    for rank, dump in dumps.items():
+        for e in dump.get("entries") or []:
+            if isinstance(e, dict):
+                members.setdefault(_pg_name(e)[0], set()).add(rank)
+    return {name: sorted(rs) for name, rs in sorted(members.items())}
+
+
+def _records_starts(entries: list[dict[str, Any]]) -> bool:
+    """Whether the backend records when a collective starts (ProcessGroupNCCL's watchdog
+    does; ProcessGroupGloo leaves every entry ``scheduled`` with no discovered times)."""
+    return any(
+        e.get("state") in ("started", "completed") or _ts_ns(e.get("time_discovered_started_ns"))
+        for e in entries
+    )
+
+
 def dump_to_events(
     dump: dict[str, Any],
     *,
@@ -293,12 +332,15 @@ def dump_to_events(
     file_mtime_us: int | None,
     host: str | None = None,
     on_problem: Callable[[str], None] | None = None,
+    members: dict[str, list[int]] | None = None,
 ) -> list[Event]:
     """Map one rank's dump to events: ``op`` events in completion order, then one
     ``progress`` event per process group at the dump time.
 
-    ``on_problem`` hears about process groups that cannot be mapped (no rank list in
-    ``pg_config``); their events are skipped.
+    ``members`` (group name → global ranks, from :func:`group_members` over all the
+    snapshot's dumps) is used where ``pg_config`` has no rank list holding this rank.
+    ``on_problem`` hears about process groups that still cannot be mapped; their events
+    are skipped.
     """
     rank = _int(dump.get("rank"), rank) or rank
     host = host or str(dump.get("hostname") or f"host-rank{rank}")
@@ -306,12 +348,16 @@ def dump_to_events(
     pg_config = dump.get("pg_config") or {}
     pg_status = dump.get("pg_status") or {}
     now_us = _dump_time_us(entries, file_mtime_us)
+    with_starts = _records_starts(entries)
 
-    # pg_id → (name, desc): pg_status is keyed by id, pg_config by name.
+    # pg_id → (name, desc): pg_status is keyed by the rank's local pg_id, entries carry
+    # the group's global name. A pg_id without entries is named only if pg_config knows it.
     names: dict[str, tuple[str, str]] = {}
     for e in entries:
         names.setdefault(str(e.get("pg_id")), _pg_name(e))
-    pg_ids = list(dict.fromkeys([*map(str, pg_status), *names]))
+    pg_ids = list(names)
+    if isinstance(pg_status, dict) and isinstance(pg_config, dict):
+        pg_ids += [str(k) for k in pg_status if str(k) not in names and str(k) in pg_config]
 
     out_ops: list[OpEvent] = []
     out_progress: list[ProgressEvent] = []
@@ -319,9 +365,14 @@ def dump_to_events(
         name, desc = names.get(pg_id, (pg_id, ""))
         info = pg_config.get(name) if isinstance(pg_config, dict) else None
         ranks = _ranks(info)
+        if not ranks or rank not in ranks:
+            ranks = (members or {}).get(name) or ranks
         if not ranks:
             if on_problem is not None:
-                on_problem(f"process group {name!r} (pg_id {pg_id}) has no rank list in pg_config")
+                on_problem(
+                    f"process group {name!r} (pg_id {pg_id}) has no rank list in pg_config; "
+                    "read all ranks' dumps together so membership comes from their entries"
+                )
             continue
         if rank not in ranks:
             if on_problem is not None:
@@ -337,78 +388,117 @@ def dump_to_events(
             "comm_name": desc or None,
         }
         mine = [e for e in entries if str(e.get("pg_id")) == pg_id and not e.get("is_p2p")]
-
-        # op events: one per completed collective_seq_id (coalesced entries merged).
-        done: dict[int, OpEvent] = {}
-        for e in mine:
-            seq = _int(e.get("collective_seq_id"), 0) or 0
-            end_ns = _ts_ns(e.get("time_discovered_completed_ns"))
-            if seq <= 0 or e.get("state") != "completed" or end_ns is None:
-                continue
-            start_ns = _ts_ns(e.get("time_discovered_started_ns"))
-            duration = e.get("duration_ms")
-            if isinstance(duration, (int, float)) and math.isfinite(duration) and duration >= 0:
-                exec_us = float(duration) * 1000.0
-            elif start_ns is not None:
-                exec_us = max(0.0, (end_ns - start_ns) / 1000.0)
-            else:
-                exec_us = 0.0
-            nbytes = _bytes_of(e)
-            prev = done.get(seq)
-            if prev is not None:  # same launch, another op of a coalesced group
-                done[seq] = msgspec.structs.replace(
-                    prev, bytes=prev.bytes + nbytes, exec_us=max(prev.exec_us, exec_us)
-                )
-                continue
-            done[seq] = OpEvent(
-                **ident,
-                ts_us=end_ns // 1000,
-                op=_op_name(e.get("profiling_name")),
-                seq=seq,
-                bytes=nbytes,
-                exec_us=exec_us,
-            )
-        out_ops.extend(done.values())
-
-        # progress: counters from pg_status, else from the entries.
-        status = pg_status.get(pg_id) if isinstance(pg_status, dict) else None
-        started_seqs = [
-            _int(e.get("collective_seq_id"), 0) or 0
-            for e in mine
-            if e.get("state") in ("started", "completed")
-        ]
-        completed_seqs = [
-            _int(e.get("collective_seq_id"), 0) or 0 for e in mine if e.get("state") == "completed"
-        ]
-        if isinstance(status, dict):
-            started = _int(status.get("last_started_collective"), 0) or 0
-            completed = _int(status.get("last_completed_collective"), 0) or 0
-        else:
-            started = max(started_seqs, default=0)
-            completed = max(completed_seqs, default=0)
-        inflight = [
-            e
-            for e in mine
-            if e.get("state") == "started" and _ts_ns(e.get("time_discovered_started_ns"))
-        ]
-        inflight_op = inflight_us = None
-        if inflight:
-            oldest = min(inflight, key=lambda e: _int(e.get("collective_seq_id"), 0) or 0)
-            began = (_ts_ns(oldest.get("time_discovered_started_ns")) or 0) // 1000
-            inflight_op = _op_name(oldest.get("profiling_name"))
-            inflight_us = float(max(0, now_us - began))
+        out_ops.extend(_op_events(mine, ident, with_starts))
         out_progress.append(
-            ProgressEvent(
-                **ident,
-                ts_us=now_us,
-                started=max(started, 0),
-                completed=max(min(completed, max(started, 0)), 0),
-                inflight_op=inflight_op,
-                inflight_us=inflight_us,
-            )
-        )
+            _progress_event(mine, ident, pg_status.get(pg_id) if isinstance(pg_status, dict)
+                            else None, with_starts, now_us)
+        )  # fmt: skip
     out_ops.sort(key=lambda ev: ev.ts_us)
     return [*out_ops, *out_progress]
+
+
+def _op_events(
+    mine: list[dict[str, Any]], ident: dict[str, Any], with_starts: bool
+) -> list[OpEvent]:
+    """One op event per finished collective_seq_id (coalesced entries merged).
+
+    Finished: ``state == "completed"`` where the backend records states (NCCL), else
+    ``retired`` (gloo retires an entry when its work ends). Without a recorded
+    completion, ``ts_us`` is the enqueue time (``time_created_ns``, the rank's arrival
+    at the collective) and ``exec_us`` 0 (not timed): readers of untimed ops take
+    ``ts_us`` as the arrival time.
+    """
+    done: dict[int, OpEvent] = {}
+    for e in mine:
+        seq = _int(e.get("collective_seq_id"), 0) or 0
+        if seq <= 0:
+            continue
+        created_ns = _ts_ns(e.get("time_created_ns"))
+        end_ns = _ts_ns(e.get("time_discovered_completed_ns"))
+        if with_starts:
+            if e.get("state") != "completed" or end_ns is None:
+                continue
+        elif not e.get("retired") or created_ns is None:
+            continue
+        start_ns = _ts_ns(e.get("time_discovered_started_ns"))
+        duration = e.get("duration_ms")
+        if isinstance(duration, (int, float)) and math.isfinite(duration) and duration >= 0:
+            exec_us = float(duration) * 1000.0
+        elif start_ns is not None and end_ns is not None:
+            exec_us = max(0.0, (end_ns - start_ns) / 1000.0)
+        else:
+            exec_us = 0.0
+        nbytes = _bytes_of(e)
+        prev = done.get(seq)
+        if prev is not None:  # same launch, another op of a coalesced group
+            done[seq] = msgspec.structs.replace(
+                prev, bytes=prev.bytes + nbytes, exec_us=max(prev.exec_us, exec_us)
+            )
+            continue
+        done[seq] = OpEvent(
+            **ident,
+            ts_us=(end_ns or created_ns or 0) // 1000,
+            op=_op_name(e.get("profiling_name")),
+            seq=seq,
+            bytes=nbytes,
+            exec_us=exec_us,
+        )
+    return list(done.values())
+
+
+def _progress_event(
+    mine: list[dict[str, Any]],
+    ident: dict[str, Any],
+    status: Any,
+    with_starts: bool,
+    now_us: int,
+) -> ProgressEvent:
+    """Counters from ``pg_status`` (else from the entries) and the in-flight collective.
+
+    ``started``: ``last_started_collective``; where the backend records no starts (gloo
+    keeps it at -1) ``last_enqueued_collective``, since a gloo collective runs once
+    enqueued. In flight: the oldest collective started and not finished, timed from its
+    discovered start (NCCL) or its enqueue (gloo).
+    """
+    seqs = [(_int(e.get("collective_seq_id"), 0) or 0, e) for e in mine]
+    if with_starts:
+        started_seqs = [s for s, e in seqs if e.get("state") in ("started", "completed")]
+        completed_seqs = [s for s, e in seqs if e.get("state") == "completed"]
+    else:
+        started_seqs = [s for s, _ in seqs]
+        completed_seqs = [s for s, e in seqs if e.get("retired")]
+    if isinstance(status, dict):
+        started = _int(status.get("last_started_collective"), -1)
+        if started is None or started < 0 or not with_starts:
+            started = max(started or 0, _int(status.get("last_enqueued_collective"), 0) or 0)
+        completed = _int(status.get("last_completed_collective"), 0) or 0
+    else:
+        started = max(started_seqs, default=0)
+        completed = max(completed_seqs, default=0)
+    started, completed = max(started, 0), max(completed, 0)
+    if with_starts:
+        inflight = [
+            (s, _ts_ns(e.get("time_discovered_started_ns")), e)
+            for s, e in seqs
+            if e.get("state") == "started" and _ts_ns(e.get("time_discovered_started_ns"))
+        ]
+    else:
+        inflight = [(s, _ts_ns(e.get("time_created_ns")), e) for s, e in seqs
+                    if completed < s <= started and not e.get("retired")
+                    and _ts_ns(e.get("time_created_ns"))]  # fmt: skip
+    inflight_op = inflight_us = None
+    if inflight:
+        _, began_ns, oldest = min(inflight, key=lambda x: x[0])
+        inflight_op = _op_name(oldest.get("profiling_name"))
+        inflight_us = float(max(0, now_us - (began_ns or 0) // 1000))
+    return ProgressEvent(
+        **ident,
+        ts_us=now_us,
+        started=started,
+        completed=min(completed, started),
+        inflight_op=inflight_op,
+        inflight_us=inflight_us,
+    )
 
 
 def read_flight_recorder(
@@ -417,30 +507,57 @@ def read_flight_recorder(
     job: str,
     on_bad: Callable[[BadLine], None] | None = None,
 ) -> list[Event]:
-    """Read one rank's dump file into events; a bad file goes to ``on_bad`` (line 0)."""
-    name = str(path)
+    """Read one rank's dump file on its own; a bad file goes to ``on_bad`` (line 0).
 
-    def bad(reason: str) -> None:
+    Group membership then comes from ``pg_config`` only; read a snapshot's dumps
+    together (:func:`read_flight_recorder_snapshot`) for dumps whose ``pg_config`` is
+    unusable (ProcessGroupGloo)."""
+    return read_flight_recorder_snapshot([Path(path)], job=job, on_bad=on_bad)[0][1]
+
+
+def read_flight_recorder_snapshot(
+    paths: list[Path],
+    *,
+    job: str,
+    on_bad: Callable[[BadLine], None] | None = None,
+) -> list[tuple[Path, list[Event]]]:
+    """Read one snapshot (every rank's dump taken at one moment) into events per file.
+
+    Membership of each process group comes from ``pg_config`` where it lists the rank,
+    else from which of these dumps hold entries of the group (:func:`group_members`).
+    A file that cannot be read, or a second dump of a rank already read, goes to
+    ``on_bad`` (line 0) and gives no events.
+    """
+    loaded: list[tuple[Path, int, dict[str, Any], int]] = []
+    out: dict[Path, list[Event]] = {p: [] for p in paths}
+    seen: dict[int, Path] = {}
+
+    def bad(path: Path, reason: str) -> None:
         if on_bad is not None:
-            on_bad(BadLine(name, 0, b"", reason))
+            on_bad(BadLine(str(path), 0, b"", reason))
 
-    try:
-        dump = load_flight_recorder_dump(path)
-        rank = rank_from_filename(path) if "rank" not in dump else int(dump["rank"])
-        mtime_us = os.stat(path).st_mtime_ns // 1000
-    except (FlightRecorderError, OSError, TypeError, ValueError) as err:
-        bad(str(err))
-        return []
-    try:
-        return dump_to_events(dump, rank=rank, job=job, file_mtime_us=mtime_us, on_problem=bad)
-    except (msgspec.ValidationError, TypeError, ValueError, AttributeError) as err:
-        bad(f"unexpected dump content: {type(err).__name__}: {err}")
-        return []
-
-
-def iter_flight_recorder(
-    paths: list[Path], *, job: str, on_bad: Callable[[BadLine], None] | None = None
-) -> Iterator[Event]:
-    """Events of several ranks' dumps, file by file."""
-    for p in paths:
-        yield from read_flight_recorder(p, job=job, on_bad=on_bad)
+    for path in paths:
+        try:
+            dump = load_flight_recorder_dump(path)
+            rank = rank_from_filename(path) if "rank" not in dump else int(dump["rank"])
+            mtime_us = os.stat(path).st_mtime_ns // 1000
+        except (FlightRecorderError, OSError, TypeError, ValueError) as err:
+            bad(path, str(err))
+            continue
+        if rank in seen:
+            bad(path, f"a second dump of rank {rank} in this snapshot (first: {seen[rank]}); "
+                      "skipped — keep one format per directory")  # fmt: skip
+            continue
+        seen[rank] = path
+        loaded.append((path, rank, dump, mtime_us))
+    # One dump alone cannot tell who else is in its groups.
+    members = group_members({r: d for _, r, d, _ in loaded}) if len(loaded) > 1 else None
+    for path, rank, dump, mtime_us in loaded:
+        try:
+            out[path] = dump_to_events(
+                dump, rank=rank, job=job, file_mtime_us=mtime_us, members=members,
+                on_problem=lambda reason, p=path: bad(p, reason),
+            )  # fmt: skip
+        except (msgspec.ValidationError, TypeError, ValueError, AttributeError) as err:
+            bad(path, f"unexpected dump content: {type(err).__name__}: {err}")
+    return list(out.items())

@@ -8,7 +8,7 @@ operations). Doubles are printed with ``%lf`` and a NaN bandwidth as the *string
 ``event_trace_ts`` inside ``coll_perf``. Unknown fields and newer
 ``inspector_output_format_version`` values are accepted: only the fields below are read.
 
-Mapping (``producers/FORMATS.md`` has the full table):
+Mapping (the README's "Input formats" section has the full table):
 
 ==========================================  =====================
 Inspector                                    contract ``op`` event
@@ -26,8 +26,14 @@ Inspector                                    contract ``op`` event
 ==========================================  =====================
 
 The Inspector only records *completed* operations and has no heartbeat, so it can show
-slowness but never a hang; and it dumps the last completed collective of each
-communicator per dump interval, so sequence numbers may have gaps.
+slowness but never a hang. Up to NCCL 2.29 it dumped the last completed collective of
+each communicator per dump interval (sequence numbers have gaps); from NCCL 2.30 each
+dump writes, per communicator, the ring of operations completed since the last dump
+(up to 1024; ops under 8192 bytes or without GPU kernel timing are dropped), one line
+each, and ``header.comm_name`` names the communicator (``comm_name``; "unknown" when the
+application gave none). Format "v4.2" adds ``coll_algo``/``coll_proto`` (read as
+``algo``/``proto``) and one ``dump_stats`` record per communicator and dump (records
+written, ring drops), which carries no operation and is skipped.
 
 >>> line = (b'{"header":{"id":"0x7f8c496ae9f661","rank":2,"n_ranks":8,"nnodes":1},'
 ...         b'"metadata":{"inspector_output_format_version":"v4.0","git_rev":"",'
@@ -56,10 +62,12 @@ from typing import Annotated
 import msgspec
 
 from producers.events import Conn, OpEvent
-from producers.traces import BadLine
+from producers.traces import BadLine, _open_binary
 
 __all__ = [
+    "KNOWN_FORMAT",
     "InspectorError",
+    "InspectorStatsRecord",
     "inspector_job_from_dir",
     "parse_inspector_line",
     "read_inspector_file",
@@ -90,6 +98,8 @@ class _Header(msgspec.Struct, gc=False):
     rank: _NonNeg
     n_ranks: Annotated[int, msgspec.Meta(ge=1)]
     nnodes: int | None = None
+    comm_name: str | None = None
+    """From NCCL 2.30: the name the application gave the communicator ("unknown" if none)."""
 
 
 class _Metadata(msgspec.Struct, gc=False):
@@ -110,6 +120,8 @@ class _CollPerf(msgspec.Struct, gc=False):
     coll_timing_source: str | None = None
     coll_algobw_gbs: Bandwidth = None
     coll_busbw_gbs: Bandwidth = None
+    coll_algo: str | None = None
+    coll_proto: str | None = None
 
 
 class _P2pPerf(msgspec.Struct, gc=False):
@@ -130,9 +142,40 @@ class _Record(msgspec.Struct, gc=False):
     metadata: _Metadata
     coll_perf: _CollPerf | None = None
     p2p_perf: _P2pPerf | None = None
+    dump_stats: dict | None = None
+
+
+class _VersionOnly(msgspec.Struct, gc=False):
+    """What is left to read of a line this reader cannot map: its format version."""
+
+    class _Meta(msgspec.Struct, gc=False):
+        inspector_output_format_version: str | None = None
+
+    metadata: _Meta | None = None
+
+
+class InspectorStatsRecord(InspectorError):
+    """A per-dump statistics record (``dump_stats``: records written and ring drops of
+    one communicator), not an operation: there is no event to make of it."""
+
+
+# The newest format version whose layout this reader was checked against (NVIDIA's
+# writer: "v4.0" up to NCCL 2.30, "v4.2" adds a dump_stats record per communicator).
+KNOWN_FORMAT = (4, 2)
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
+
+
+def _newer_than_known(version: str | None) -> bool:
+    """
+    >>> _newer_than_known("v4.0"), _newer_than_known("v4.3"), _newer_than_known("v5.0")
+    (False, True, True)
+    """
+    m = _VERSION.match(version or "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) > KNOWN_FORMAT
 
 
 _decoder = msgspec.json.Decoder(_Record)
+_version_decoder = msgspec.json.Decoder(_VersionOnly)
 
 
 def _bw(value: Bandwidth) -> float | None:
@@ -158,6 +201,8 @@ def parse_inspector_line(line: bytes | str, *, job: str) -> OpEvent:
         raise InspectorError("empty header.id or metadata.hostname")
     if h.rank >= h.n_ranks:
         raise InspectorError(f"header.rank {h.rank} outside 0..n_ranks-1 (n_ranks={h.n_ranks})")
+    if rec.dump_stats is not None and rec.coll_perf is None and rec.p2p_perf is None:
+        raise InspectorStatsRecord("a dump_stats record (per-dump statistics), not an operation")
     # The identity of the rank, the same for collective and p2p records.
     ident = dict(
         v=1,
@@ -167,6 +212,7 @@ def parse_inspector_line(line: bytes | str, *, job: str) -> OpEvent:
         rank=h.rank,
         host=m.hostname,
         ts_us=m.dump_timestamp_us,
+        comm_name=h.comm_name if h.comm_name and h.comm_name != "unknown" else None,
     )
     if rec.coll_perf is not None:
         c = rec.coll_perf
@@ -178,6 +224,8 @@ def parse_inspector_line(line: bytes | str, *, job: str) -> OpEvent:
             exec_us=float(c.coll_exec_time_us),
             algbw_gbs=_bw(c.coll_algobw_gbs),
             busbw_gbs=_bw(c.coll_busbw_gbs),
+            algo=c.coll_algo if c.coll_algo and c.coll_algo != "unknown" else None,
+            proto=c.coll_proto if c.coll_proto and c.coll_proto != "unknown" else None,
         )
     if rec.p2p_perf is not None:
         p = rec.p2p_perf
@@ -220,6 +268,14 @@ def inspector_job_from_dir(directory: str | Path, default: str = "unknown") -> s
     return m.group(1) if m and m.group(1) != "unknown-jobid" else default
 
 
+def _version_of(line: bytes) -> str | None:
+    try:
+        meta = _version_decoder.decode(line).metadata
+    except msgspec.DecodeError:
+        return None
+    return meta.inspector_output_format_version if meta is not None else None
+
+
 def read_inspector_file(
     path: str | Path,
     *,
@@ -230,11 +286,15 @@ def read_inspector_file(
 
     A malformed line goes to ``on_bad`` as a :class:`~producers.traces.BadLine`; a last
     line without its newline (still being written) is ignored. Reads gzip too
-    (``.log.gz``, as NVIDIA's exporter accepts).
+    (``.log.gz``, as NVIDIA's exporter accepts). ``dump_stats`` records are skipped.
+    Records of a format version newer than :data:`KNOWN_FORMAT` are read when they
+    hold the mapped fields; those that do not are reported once for the whole file
+    (one message naming the version and the count), not once per line.
     """
-    from producers.traces import _open_binary  # one place knows how to sniff gzip
 
     name = str(path)
+    version: str | None = None  # the file's format version, from the last record read
+    newer: list[tuple[int, bytes]] = []  # lines unreadable in a newer format: one message
     with _open_binary(Path(path), "r") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
@@ -243,7 +303,28 @@ def read_inspector_file(
             if not line:
                 continue
             try:
-                yield lineno, parse_inspector_line(line, job=job)
+                ev = parse_inspector_line(line, job=job)
             except InspectorError as err:
-                if on_bad is not None:
+                version = _version_of(line) or version
+                if isinstance(err, InspectorStatsRecord):
+                    continue  # it states the version of the records that follow
+                if _newer_than_known(version):
+                    newer.append((lineno, line))
+                elif on_bad is not None:
                     on_bad(BadLine(name, lineno, line, str(err)))
+                continue
+            version = None  # a readable record: whatever its version, this layout is known
+            yield lineno, ev
+    if newer and on_bad is not None:
+        lineno, line = newer[0]
+        on_bad(
+            BadLine(
+                name,
+                lineno,
+                line,
+                f"Inspector output format {version} is newer than this reader knows "
+                f"(v{KNOWN_FORMAT[0]}.{KNOWN_FORMAT[1]}): {len(newer)} record(s) of this file "
+                "lack the fields it maps (header, metadata, coll_perf/p2p_perf) and were "
+                "skipped; upgrade c4stream, or pin the Inspector plugin to a known version",
+            )
+        )

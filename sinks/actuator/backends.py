@@ -5,7 +5,15 @@ cluster. It offers two calls:
 
 - ``describe(cmd)`` — the exact text of what ``apply`` would do; the dry-run log line;
 - ``apply(cmd)`` — do it, return an :class:`ActionOutcome`, or raise one of the three
-  errors below. The error class decides what the consumer does next:
+  errors below. An outcome with ``skipped=True`` means the backend deliberately did
+  nothing (an administrator's drain is kept, no restart template is configured): the
+  ledger records ``skipped`` with the reason, so a later delivery may still act.
+- ``check()`` — verify, before serving, that the backend can act (``actuate --check``):
+  lines to show, or :class:`ActuatorConfigError`.
+
+Each backend classifies its failures where it sees them (the program's exit status and
+messages, the API's HTTP status), into one of three errors.
+The error class decides what the consumer does next:
 
 ================================  ==============================================
 error                             what happens
@@ -73,13 +81,15 @@ class ActionOutcome:
     """What ``apply`` did.
 
     >>> ActionOutcome(changed=False, detail="node h3 already cordoned and tainted")
-    ActionOutcome(changed=False, detail='node h3 already cordoned and tainted')
+    ActionOutcome(changed=False, detail='node h3 already cordoned and tainted', skipped=False)
     """
 
     changed: bool
     """False when the target already was in the wanted state (a safe repeat)."""
     detail: str
     """One line for the log and the ledger."""
+    skipped: bool = False
+    """Deliberately not acted on (the reason is in ``detail``); not recorded as done."""
 
 
 class Backend(Protocol):
@@ -93,4 +103,8 @@ class Backend(Protocol):
 
     def apply(self, cmd: IsolationCommand) -> ActionOutcome:
         """Carry ``cmd`` out; raise one of the module's errors on failure."""
+        ...
+
+    def check(self) -> list[str]:
+        """Verify the backend can act; lines for the operator, or ActuatorConfigError."""
         ...

@@ -16,8 +16,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
-from sinks.actuator.config import DEFAULT_LEDGER, ActuatorConfig
+from c4base.config import flag_overrides, load_section
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from sinks.actuator.backends import ActuatorError
+from sinks.actuator.command_backend import CommandBackend
+from sinks.actuator.config import ACTUATOR_SECTION, DEFAULT_LEDGER, ActuatorConfig
+from sinks.actuator.consumer import run
+from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
+from sinks.actuator.ledger import Ledger
+from sinks.actuator.slurm_backend import SlurmBackend
 
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
@@ -26,21 +34,25 @@ __all__ = ["actuate", "make_backend"]
 
 _HELP = (
     "Act on isolation commands from c4.isolations: cordon and taint Kubernetes nodes, "
-    "or run a scheduler command (e.g. Slurm's scontrol).\n\n"
-    "DRY-RUN BY DEFAULT: without --execute it only logs exactly what it would do. It acts "
-    "only with --execute and when the command itself is not dry_run; never on a host in "
-    "the deny list; never for action alert_only; at most once per command id, also "
-    "across restarts (the --ledger file).\n\n"
+    "drain Slurm nodes, or run a scheduler command.\n\n"
+    "DRY-RUN BY DEFAULT, TWO SWITCHES: it acts only with --execute AND when the command "
+    "is not marked dry_run by the worker ([worker.policy] dry_run, true by default); "
+    "otherwise it logs exactly what it would do and names the switch that held it back. "
+    "Never on a host in the deny list; never for action alert_only; at most once per "
+    "command id, also across restarts (the --ledger file). Permission and configuration "
+    "errors stop it with exit status 2; check first with --check.\n\n"
     "Examples:\n\n"
-    "c4stream actuate --backend kubernetes --kubeconfig ~/.kube/config --execute\n\n"
-    "c4stream actuate --backend command --execute --deny 'login-*' "
-    "--command-template 'scontrol update nodename={host} state=drain reason=\"{reason}\"'"
+    "c4stream actuate --backend kubernetes --kubeconfig ~/.kube/config --check\n\n"
+    "c4stream actuate --backend slurm --strip-domain --execute --deny 'login-*'\n\n"
+    "c4stream actuate --backend command --execute "
+    "--command-template 'mysched drain {host} --why \"{reason}\"'"
 )
 
 
 class BackendName(enum.StrEnum):
     kubernetes = "kubernetes"
     command = "command"
+    slurm = "slurm"
 
 
 class Effect(enum.StrEnum):
@@ -95,6 +107,32 @@ def actuate(
     command_timeout: Annotated[
         float, typer.Option("--command-timeout", help="Seconds before a command is killed.")
     ] = 30.0,
+    slurm_conf: Annotated[
+        str | None,
+        typer.Option("--slurm-conf", help="Slurm backend: slurm.conf for scontrol (SLURM_CONF)."),
+    ] = None,
+    strip_domain: Annotated[
+        bool,
+        typer.Option(
+            "--strip-domain", help="Node name = host name up to the first dot (n5.example → n5)."
+        ),
+    ] = False,
+    node_regex: Annotated[
+        str | None,
+        typer.Option(
+            "--node-regex",
+            help="Regex searched in the host name; its group 'node' (or first group) is the "
+            "node name.",
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Verify the backend can act (Slurm: scontrol ping, show node, user; "
+            "Kubernetes: the RBAC it needs), print the result and exit (2 on failure).",
+        ),
+    ] = False,
     kubeconfig: Annotated[
         str | None, typer.Option("--kubeconfig", help="Default: $KUBECONFIG or ~/.kube/config.")
     ] = None,
@@ -137,12 +175,6 @@ def actuate(
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
     log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
 ) -> None:
-    from c4stream.config import flag_overrides, load_section
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from sinks.actuator.backends import ActuatorError
-    from sinks.actuator.consumer import run
-    from sinks.actuator.ledger import Ledger
 
     # Flags given on the command line win over the file; the file over the defaults.
     flags = flag_overrides(
@@ -154,7 +186,7 @@ def actuate(
         svc = start_service(
             config, ctx, stage="actuator", log_values={"log_level": "DEBUG"} if verbose else None
         )
-        cfg: ActuatorConfig = load_section("actuator", config, overrides=flags)
+        cfg: ActuatorConfig = load_section("actuator", ACTUATOR_SECTION, config, overrides=flags)
     except SettingsError as err:
         typer.echo(f"c4stream actuate: {err}", err=True)
         raise typer.Exit(2) from None
@@ -163,14 +195,29 @@ def actuate(
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()  # finish the command at hand, commit, leave the group
 
+    if check:
+        try:
+            be = make_backend(cfg, check_programs=True)
+            for line in be.check():
+                typer.echo(line)
+        except ActuatorError as err:
+            typer.echo(f"c4stream actuate --check: FAILED: {err}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"c4stream actuate --check: backend {be.name} ok")
+        return
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
         be = make_backend(cfg)
+        if cfg.execute and cfg.check_at_start:
+            for line in be.check():  # fail before consuming, not on the first command
+                svc.log.info("check: %s", line)
         with Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led:
             stats = run(cfg, be, led, stop=stop, metrics=svc.metrics)
     except ActuatorError as err:
-        typer.echo(f"c4stream actuate: {err}", err=True)
+        # Fatal for the service (permissions, configuration): stop loudly; the message
+        # at hand was not committed and is delivered again after the fix.
+        typer.echo(f"c4stream actuate: stopped: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"c4stream actuate: {stats}", err=True)
 
@@ -199,18 +246,22 @@ _FLAG_KEYS = {
     "command_template": "command.template",
     "restart_command_template": "command.restart_template",
     "command_timeout": "command.timeout_s",
+    "slurm_conf": "slurm.slurm_conf",
+    "strip_domain": "strip_domain",
+    "node_regex": "node_regex",
 }
 
 
-def make_backend(cfg: ActuatorConfig) -> Backend:
-    """The configured backend; with --execute it checks it can really act (fail fast)."""
+def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> Backend:
+    """The configured backend; with --execute (or ``check_programs``) it checks it can
+    really act (fail fast)."""
+    real = cfg.execute if check_programs is None else check_programs
     if cfg.backend == "command":
-        from sinks.actuator.command_backend import CommandBackend
+        return CommandBackend(cfg.command, check_programs=real)
+    if cfg.backend == "slurm":
+        return SlurmBackend(cfg.slurm, check_programs=real)
 
-        return CommandBackend(cfg.command, check_programs=cfg.execute)
-    from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
-
-    client = load_api_client(cfg.kubernetes) if cfg.execute else None
+    client = load_api_client(cfg.kubernetes) if real else None
     return KubernetesBackend(cfg.kubernetes, client)
 
 

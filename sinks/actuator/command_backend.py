@@ -15,9 +15,16 @@ Placeholders: ``{host} {reason} {fault} {gpu} {nic} {id} {job} {action} {peer_ho
 ``{gpu}``, ``{nic}`` or ``{peer_host}`` fails for a command that lacks that field
 (dead-lettered, never run with a blank).
 
-Exit status 0 is success. Anything else, and a timeout, is a
-:class:`~sinks.actuator.backends.TransientActionError`: retried, then dead-lettered
-with the exit status and the tail of stderr.
+Exit status 0 is success. A failure is classified by :func:`sinks.actuator.process.classify`:
+exit 126/127 or stderr matching ``fatal_patterns`` (default: scontrol's "Invalid user
+id", a missing slurm.conf, munge failures) stops the actuator; stderr matching
+``permanent_patterns`` (default: scontrol's "Invalid node name specified") fails that
+command at once; anything else, and a timeout, is retried, then dead-lettered with the
+exit status and the tail of stderr. For Slurm, prefer ``backend = "slurm"``: it also
+keeps an administrator's drain (this backend runs the template blindly).
+
+``restart_job`` without ``restart_template`` is skipped with the reason (not recorded
+as done, so a template added later still acts when the command is delivered again).
 
 >>> from streams.commands import IsolationCommand
 >>> t = CommandTemplate('scontrol update nodename={host} state=drain reason="{reason}"')
@@ -30,20 +37,17 @@ with the exit status and the tail of stderr.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import shutil
-import signal
 import string
-import subprocess
 
 from sinks.actuator.backends import (
     ActionOutcome,
     ActuatorConfigError,
     PermanentActionError,
-    TransientActionError,
 )
 from sinks.actuator.config import CommandSettings
+from sinks.actuator.process import SLURM_FATAL, SLURM_PERMANENT, classify, run_argv, tail
 from streams.commands import IsolationCommand
 
 __all__ = ["FIELDS", "CommandBackend", "CommandTemplate"]
@@ -55,7 +59,7 @@ FIELDS = frozenset(
     {"host", "reason", "fault", "gpu", "nic", "id", "job", "action", "peer_host", "confidence"}
 )
 _OPTIONAL = frozenset({"gpu", "nic", "peer_host"})
-_TAIL = 400  # characters of stderr/stdout kept in errors and logs
+_NO_RESTART = "no restart template configured (--restart-command-template); restart_job skipped"
 
 
 class CommandTemplate:
@@ -142,57 +146,35 @@ class CommandBackend:
     def describe(self, cmd: IsolationCommand) -> str:
         t = self._template(cmd)
         if t is None:
-            return "command: no --restart-command-template configured; nothing to run"
+            return f"command: {_NO_RESTART}"
         argv = shlex.join(t.render(cmd))
         return f"command: run {argv} (no shell, timeout {self.settings.timeout_s:g}s)"
 
     def apply(self, cmd: IsolationCommand) -> ActionOutcome:
         t = self._template(cmd)
         if t is None:
-            return ActionOutcome(changed=False, detail=self.describe(cmd))
-        argv = t.render(cmd)
-        shown = shlex.join(argv)
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # own process group: the timeout kills it whole
+            return ActionOutcome(changed=False, detail=_NO_RESTART, skipped=True)
+        ran = run_argv(t.render(cmd), timeout_s=self.settings.timeout_s)
+        if not ran.ok:
+            raise classify(
+                ran,
+                f"command {cmd.id}",
+                fatal=self.settings.fatal_patterns or SLURM_FATAL,
+                permanent=self.settings.permanent_patterns or SLURM_PERMANENT,
+                timeout_s=self.settings.timeout_s,
             )
-        except (FileNotFoundError, PermissionError) as err:
-            raise ActuatorConfigError(f"cannot run {argv[0]!r}: {err}") from err
-        except ValueError as err:  # e.g. a NUL byte inside a value
-            raise PermanentActionError(f"command {cmd.id}: cannot run {shown}: {err}") from err
-        try:
-            out, err_out = proc.communicate(timeout=self.settings.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise TransientActionError(
-                f"{shown} timed out after {self.settings.timeout_s:g}s and was killed"
-            ) from None
-        stderr = _tail(err_out)
-        if proc.returncode != 0:
-            raise TransientActionError(
-                f"{shown} exited {proc.returncode}: {stderr or '(no stderr)'}"
-            )
-        log.info("ran %s: exit 0 %s", shown, _tail(out))
-        return ActionOutcome(changed=True, detail=f"ran {shown}: exit 0")
+        log.info("ran %s: exit 0 %s", ran.shown, tail(ran.stdout))
+        return ActionOutcome(changed=True, detail=f"ran {ran.shown}: exit 0")
 
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the command's whole process group, then reap it (bounded)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.communicate(timeout=5.0)
-    except subprocess.TimeoutExpired:  # a grandchild left the group and holds the pipes
-        proc.kill()
-        proc.wait(timeout=5.0)
-
-
-def _tail(data: bytes | None) -> str:
-    text = (data or b"").decode("utf-8", "replace").strip()
-    return text if len(text) <= _TAIL else "…" + text[-_TAIL:]
+    def check(self) -> list[str]:
+        """The programs are installed; nothing is run (a template may have side effects)."""
+        lines = []
+        for t in (self.isolate, self.restart):
+            if t is not None:
+                path = shutil.which(t.argv[0])
+                if path is None:
+                    raise ActuatorConfigError(f"program {t.argv[0]!r} is not on PATH")
+                lines.append(f"command: {t.argv[0]} found at {path}")
+        if self.restart is None:
+            lines.append(f"command: {_NO_RESTART}")
+        return lines

@@ -6,23 +6,30 @@
 (False, 'c4.isolations', 'c4.deadletter')
 >>> cfg.is_denied("login-1"), ActuatorConfig(deny=("login-*",)).is_denied("LOGIN-1")
 (False, True)
+>>> ActuatorConfig(strip_domain=True).node_name("node-005.cluster.local")
+'node-005'
+>>> ActuatorConfig(node_regex="^(?P<node>gpu-[0-9]+)-ib").node_name("gpu-17-ib.dc1")
+'gpu-17'
 """
 
 from __future__ import annotations
 
+import re
 from fnmatch import fnmatchcase
 from typing import Literal
 
 import msgspec
 
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from c4base.config import Section
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 
 __all__ = [
     "DEFAULT_LEDGER",
     "ActuatorConfig",
     "CommandSettings",
     "KubernetesSettings",
+    "SlurmSettings",
 ]
 
 #: Relative to the working directory of ``c4stream actuate``.
@@ -61,8 +68,32 @@ class CommandSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """For ``cordon`` and ``cordon_and_taint``, e.g.
     ``scontrol update nodename={host} state=drain reason="{reason}"``."""
     restart_template: str | None = None
-    """For ``restart_job``; None: restart_job commands are recorded, nothing runs."""
+    """For ``restart_job``; None: restart_job commands are skipped (ledger ``skipped``,
+    with the reason), so a template added later still acts on a redelivery."""
     timeout_s: float = 30.0
+    fatal_patterns: tuple[str, ...] | None = None
+    """Regular expressions: stderr matching one stops the actuator (permissions,
+    configuration). None: scontrol's (``sinks.actuator.process.SLURM_FATAL``)."""
+    permanent_patterns: tuple[str, ...] | None = None
+    """stderr matching one fails this command at once (no such node). None: scontrol's."""
+
+
+class SlurmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The Slurm backend: ``scontrol`` run directly (no template, no shell)."""
+
+    scontrol: str = "scontrol"
+    """The program; a full path if it is not on PATH."""
+    command_prefix: tuple[str, ...] = ()
+    """argv put before ``scontrol``, e.g. ``["sudo", "-n", "-u", "slurm"]``: drains need
+    SlurmUser, root or an Operator/Admin AdminLevel."""
+    slurm_conf: str | None = None
+    """Path given to scontrol as ``SLURM_CONF``; None: scontrol's own default."""
+    timeout_s: float = 30.0
+    reason_prefix: str = "c4stream"
+    """c4stream's drain reasons read ``<prefix> <command id>: <reason>``; a node drained
+    with any other reason is an administrator's and is never touched."""
+    check_node: str | None = None
+    """Node ``actuate --check`` shows; None: the first node slurmctld lists."""
 
 
 class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -70,11 +101,22 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     kafka: KafkaConfig = msgspec.field(default_factory=KafkaConfig)
     group: str = "c4stream-actuator"
-    backend: Literal["kubernetes", "command"] = "kubernetes"
+    backend: Literal["kubernetes", "command", "slurm"] = "kubernetes"
     execute: bool = False
     """False (the default): log exactly what would be done, do nothing."""
+    check_at_start: bool = True
+    """With ``execute``: run the backend's check (what ``--check`` prints) before
+    consuming, and stop with status 2 if it fails."""
     deny: tuple[str, ...] = ()
-    """Hosts never acted on; shell-style patterns (``login-*``), case-insensitive."""
+    """Hosts never acted on; shell-style patterns (``login-*``), case-insensitive. They
+    are matched against the host as the command names it and against its node name."""
+    strip_domain: bool = False
+    """Node name = the host name up to its first dot (``node-005.cluster.local`` →
+    ``node-005``): schedulers and Kubernetes usually name nodes by short host name."""
+    node_regex: str | None = None
+    """A regular expression searched in the host name; its group ``node`` (or its first
+    group, or the whole match) is the node name. Applied after ``strip_domain``; a host
+    it does not match keeps its name."""
     max_actions_per_job_per_hour: int = 2
     """The actuator's own cap, whatever the worker's policy decided: beyond it commands
     of that job are recorded as ``capped`` and do nothing (a forged or runaway stream
@@ -96,8 +138,20 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     isolations: str | None = None
     """Topic override; None: ``Topics(prefix=kafka.topic_prefix).isolations``."""
     deadletter: str | None = None
+    actions: str | None = None
+    """Where outcomes are published (the alerter shows them); None: ``c4.actions``."""
+    publish_outcomes: bool = True
+    """Publish one record per handled command to the actions topic."""
     kubernetes: KubernetesSettings = msgspec.field(default_factory=KubernetesSettings)
     command: CommandSettings = msgspec.field(default_factory=CommandSettings)
+    slurm: SlurmSettings = msgspec.field(default_factory=SlurmSettings)
+
+    def __post_init__(self) -> None:
+        if self.node_regex is not None:
+            try:
+                re.compile(self.node_regex)
+            except re.error as err:
+                raise ValueError(f"node_regex {self.node_regex!r}: {err}") from None
 
     def topics(self) -> Topics:
         return Topics(prefix=self.kafka.topic_prefix)
@@ -108,7 +162,32 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def deadletter_topic(self) -> str:
         return self.deadletter or self.topics().deadletter
 
+    def actions_topic(self) -> str:
+        return self.actions or self.topics().actions
+
+    def node_name(self, host: str) -> str:
+        """The scheduler's / Kubernetes' node name for a host (``strip_domain``, ``node_regex``)."""
+        name = host.split(".", 1)[0] if self.strip_domain else host
+        if self.node_regex is not None:
+            m = re.search(self.node_regex, name)
+            if m is not None:
+                if "node" in m.re.groupindex:
+                    name = m.group("node")
+                elif m.re.groups:
+                    name = m.group(1)
+                else:
+                    name = m.group(0)
+        return name
+
+    def deny_pattern(self, host: str) -> str | None:
+        """The first deny pattern matching ``host`` or its node name (case-insensitive)."""
+        names = {host.lower(), self.node_name(host).lower()}
+        return next((p for p in self.deny if any(fnmatchcase(n, p.lower()) for n in names)), None)
+
     def is_denied(self, host: str) -> bool:
-        """Whether ``host`` matches a deny pattern (host names are case-insensitive)."""
-        h = host.lower()
-        return any(fnmatchcase(h, p.lower()) for p in self.deny)
+        """Whether ``host`` (or its node name) matches a deny pattern."""
+        return self.deny_pattern(host) is not None
+
+
+ACTUATOR_SECTION = Section(ActuatorConfig)
+"""``[actuator]`` of ``c4stream.toml``."""

@@ -19,6 +19,7 @@ partition: commands are handled one at a time, in the order they were decided.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -26,9 +27,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from c4stream.consumer_lag import LagMonitor, observe_latency
-from c4stream.deadletter import DeadLetter
-from c4stream.metrics import Metrics
+import msgspec
+
+from c4base.consumer_lag import LagMonitor, observe_latency
+from c4base.deadletter import DeadLetter
+from c4base.metrics import Metrics
 from sinks.actuator.backends import (
     ActuatorConfigError,
     ActuatorError,
@@ -38,6 +41,7 @@ from sinks.actuator.backends import (
 )
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.ledger import Ledger, Status
+from sinks.actuator.outcomes import ActionReport, OutcomePublisher, new_report, outcome_of
 from sinks.actuator.policy import Decision, decide, fault_key
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
@@ -49,10 +53,23 @@ STAGE = "actuator"
 
 
 def _outcome(h: Handled) -> str:
-    """Label of ``c4stream_sink_actions_total``: acted, failed, dry_run, denied, …"""
-    if h.status == "failed":
-        return "failed"
-    return "acted" if h.decision == "act" else h.decision
+    """Label of ``c4stream_sink_actions_total``: acted, failed, skipped, dry_run, denied, …"""
+    return outcome_of(h.decision, h.status)
+
+
+def report_for(cmd: IsolationCommand, h: Handled) -> ActionReport:
+    """The ``c4.actions`` record of one handled command."""
+    return new_report(
+        command_id=cmd.id,
+        job=cmd.job,
+        host=cmd.host,
+        node=h.node or cmd.host,
+        action=cmd.action,
+        fault=cmd.fault,
+        decision=h.decision,
+        status=h.status,
+        detail=h.detail,
+    )
 
 
 class DeadLetterError(ActuatorError):
@@ -76,6 +93,8 @@ class Handled:
     status: Status
     detail: str
     deadletter_reason: str | None = None
+    node: str | None = None
+    """The node name acted on (the host after ``strip_domain`` / ``node_regex``)."""
 
 
 @dataclass(slots=True)
@@ -88,10 +107,9 @@ class RunStats:
     failed: int = 0
 
     def count(self, h: Handled) -> None:
-        key = "acted" if h.decision == "act" and h.status == "done" else h.decision
-        if h.status == "failed":
+        key = outcome_of(h.decision, h.status)
+        if key == "failed":
             self.failed += 1
-            key = "failed"
         self.by_decision[key] = self.by_decision.get(key, 0) + 1
 
     def __str__(self) -> str:
@@ -122,6 +140,9 @@ class Actuator:
         Raises :class:`~sinks.actuator.backends.ActuatorConfigError` (stop the actuator;
         nothing recorded).
         """
+        node = self.cfg.node_name(cmd.host)
+        if node != cmd.host:  # backends act on the scheduler's / Kubernetes' node name
+            cmd = msgspec.structs.replace(cmd, host=node)
         key = fault_key(cmd)
         now_us = time.time_ns() // 1000
         decision, why = decide(
@@ -158,7 +179,7 @@ class Actuator:
             job=cmd.job,
             fault_key=key,
         )
-        return h
+        return dataclasses.replace(h, node=node)
 
     def _act(self, cmd: IsolationCommand, tag: str) -> Handled:
         attempts = max(1, self.cfg.attempts)
@@ -188,6 +209,9 @@ class Actuator:
                 if self.stop.wait(pause):
                     raise Interrupted(f"stopped while retrying {tag}") from err
             else:
+                if outcome.skipped:
+                    log.warning("SKIPPED %s: %s", tag, outcome.detail)
+                    return Handled("act", "skipped", outcome.detail)
                 log.info("DONE %s: %s", tag, outcome.detail)
                 return Handled("act", "done", outcome.detail)
         raise AssertionError("unreachable")
@@ -223,6 +247,11 @@ def run(
 
     consumer = Consumer(cfg.kafka.consumer_config(cfg.group))
     producer: Producer | None = None
+    outcomes = (
+        OutcomePublisher(Producer(cfg.kafka.producer_config()), cfg.actions_topic())
+        if cfg.publish_outcomes
+        else None
+    )
     lag = LagMonitor(consumer, metrics, STAGE) if metrics is not None else None
 
     def dead_letter(msg: Message, reason: str) -> None:
@@ -258,7 +287,9 @@ def run(
         topic,
         cfg.group,
         backend.name,
-        "EXECUTE" if cfg.execute else "dry-run",
+        "EXECUTE (commands the worker marked dry_run are still only logged)"
+        if cfg.execute
+        else "dry-run: without --execute nothing is acted on",
     )
     last = time.monotonic()
     try:
@@ -304,6 +335,8 @@ def run(
                     log.warning("%s; not committed, it will be delivered again", stopped)
                     break
                 stats.count(handled)
+                if outcomes is not None:
+                    outcomes.publish(report_for(cmd, handled))
                 if metrics is not None:
                     metrics.actions.labels(stage=STAGE, outcome=_outcome(handled)).inc()
                 if handled.deadletter_reason is not None:
@@ -319,5 +352,7 @@ def run(
         consumer.close()
         if producer is not None:
             producer.flush(10.0)
+        if outcomes is not None:
+            outcomes.close()
     log.info("actuator stopped: %s", stats)
     return stats

@@ -64,6 +64,7 @@ __all__ = [
     "KubernetesBackend",
     "condition_reason",
     "event_name",
+    "involved_node",
     "load_api_client",
     "upsert_taint",
 ]
@@ -125,6 +126,27 @@ def upsert_taint(
         out.append({"key": key, "value": value, "effect": effect})
         changed = True
     return out, changed
+
+
+def involved_node(node: str, uid: str, namespace: str) -> dict[str, str]:
+    """The Event's ``involvedObject`` for a Node, valid in the Event's ``namespace``.
+
+    The API server's rule (``ValidateEvent`` for core/v1 Events without ``eventTime``):
+    an involvedObject without a namespace (a cluster-scoped Node) is allowed only in an
+    Event of namespace ``default``; otherwise ``involvedObject.namespace`` must equal the
+    Event's namespace, or the create fails with 422 "does not match event.namespace".
+    ``kubectl describe node`` lists only the Events in ``default``; Events elsewhere are
+    seen with ``kubectl get events -n NAMESPACE``.
+
+    >>> involved_node("n1", "u1", "default")
+    {'apiVersion': 'v1', 'kind': 'Node', 'name': 'n1', 'uid': 'u1'}
+    >>> involved_node("n1", "u1", "c4stream")["namespace"]
+    'c4stream'
+    """
+    out = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+    if namespace not in ("", "default"):
+        out["namespace"] = namespace
+    return out
 
 
 def load_api_client(settings: KubernetesSettings) -> ApiClient:
@@ -209,7 +231,14 @@ class KubernetesBackend:
         cordon, effect = self._effects(cmd)
         spec_changed, current = self._write_spec(node, cordon, effect, cmd.fault)
         cond_changed = self._set_condition(node, cmd, current)
-        self._post_event(node, cmd, current)
+        try:
+            self._post_event(node, cmd, current)
+            event_note = ""
+        except PermanentActionError as err:
+            # The node is cordoned and marked: the action happened. A rejected Event is
+            # worth a warning, not a failed (and dead-lettered) command.
+            log.warning("node %s: Event not posted: %s", node, err)
+            event_note = f"; Event not posted: {err}"
         what = []
         if cordon:
             what.append("cordoned")
@@ -219,8 +248,55 @@ class KubernetesBackend:
         state = "" if spec_changed or cond_changed else " (already so; nothing changed)"
         return ActionOutcome(
             changed=spec_changed or cond_changed,
-            detail=f"node {node}: " + ", ".join(what) + state,
+            detail=f"node {node}: " + ", ".join(what) + state + event_note,
         )
+
+    #: (resource, subresource, verb, namespaced) the backend uses; = rbac-actuator.yaml.
+    NEEDS = (
+        ("nodes", "", "get", False),
+        ("nodes", "", "patch", False),
+        ("nodes", "status", "patch", False),
+        ("events", "", "create", True),
+    )
+
+    def check(self) -> list[str]:
+        """Ask the API server (SelfSubjectAccessReview) for each permission the backend needs."""
+        if self._api_client is None:
+            raise ActuatorConfigError("the Kubernetes backend has no API client")
+        from kubernetes.client import AuthorizationV1Api
+
+        authz = AuthorizationV1Api(self._api_client)
+        lines, missing = [], []
+        for resource, sub, verb, namespaced in self.NEEDS:
+            attrs: dict[str, str] = {"resource": resource, "verb": verb, "group": ""}
+            if sub:
+                attrs["subresource"] = sub
+            if namespaced:
+                attrs["namespace"] = self.s.event_namespace
+            body = {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attrs},
+            }
+            what = f"{verb} {resource}{'/' + sub if sub else ''}" + (
+                f" in namespace {self.s.event_namespace}" if namespaced else ""
+            )
+            try:
+                resp = authz.create_self_subject_access_review(
+                    body, _preload_content=False, _request_timeout=self.s.request_timeout_s
+                )
+            except Exception as err:
+                raise self._classify("(check)", "review access for", err) from err
+            allowed = bool((json.loads(resp.data).get("status") or {}).get("allowed"))
+            lines.append(f"kubernetes: {what}: {'allowed' if allowed else 'DENIED'}")
+            if not allowed:
+                missing.append(what)
+        if missing:
+            raise ActuatorConfigError(
+                "kubernetes: not allowed to " + ", ".join(missing) + ": apply "
+                "compose/k8s/rbac-actuator.yaml to the actuator's service account"
+            )
+        return lines
 
     def _read(self, node: str) -> dict[str, Any]:
         """The node as raw JSON: the client's models would drop fields they do not know."""
@@ -335,12 +411,9 @@ class KubernetesBackend:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": event_name(node, cmd.id), "namespace": self.s.event_namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": node,
-                "uid": (current.get("metadata") or {}).get("uid", node),
-            },
+            "involvedObject": involved_node(
+                node, (current.get("metadata") or {}).get("uid", node), self.s.event_namespace
+            ),
             "reason": condition_reason(cmd.fault),
             "message": message[:1024],
             "type": "Warning",

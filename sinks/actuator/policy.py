@@ -6,9 +6,13 @@
    under another id.
 2. ``alert_only`` — the pipeline asked for an alert, not an action: never acts.
 3. ``denied`` — the host matches a deny pattern: never acts, whatever else says.
-4. ``dry_run`` — the actuator runs without ``--execute``, or the command does not say
-   ``dry_run: false`` (absent means dry run: a forged or older command never acts
-   by omission): log exactly what would be done, do nothing.
+4. ``dry_run`` — the actuator runs without ``--execute`` (``[actuator] execute``), or
+   the command itself says ``dry_run: true`` (set by the worker while its
+   ``[worker.policy] dry_run`` is true, the default), or does not say ``dry_run:
+   false`` at all (absent means dry run: a forged or older command never acts by
+   omission): log exactly what would be done, do nothing. Both switches must allow an
+   action; the log line names the one that held it back, and ``c4stream config
+   check`` warns when they disagree.
 5. ``capped`` — ``max_actions_per_job_per_hour`` commands of this job acted in the
    last hour: the actuator's own cap, whatever the pipeline's policy says.
 6. ``act``.
@@ -33,7 +37,6 @@
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from typing import Literal
 
 import msgspec
@@ -78,15 +81,18 @@ def decide(
         return "duplicate", f"the same fault already acted as command {same_fault_done}"
     if cmd.action == "alert_only":
         return "alert_only", "action alert_only never acts"
-    if cfg.is_denied(cmd.host):
-        pattern = next(p for p in cfg.deny if fnmatchcase(cmd.host.lower(), p.lower()))
+    pattern = cfg.deny_pattern(cmd.host)
+    if pattern is not None:
         return "denied", f"host {cmd.host} is in the deny list ({pattern})"
     if not cfg.execute:
-        return "dry_run", "actuator runs without --execute"
+        return "dry_run", "actuator runs without --execute ([actuator] execute = false)"
     if cmd.dry_run is None:
         return "dry_run", "the command does not say dry_run: false"
     if cmd.dry_run:
-        return "dry_run", "the command says dry_run"
+        return "dry_run", (
+            "the command says dry_run: the worker's [worker.policy] dry_run is true "
+            "(set it to false there to act; --execute alone is not enough)"
+        )
     if job_actions >= cfg.max_actions_per_job_per_hour:
         return "capped", (
             f"{job_actions} commands of job {cmd.job} acted in the last hour "

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import httpx
 
+from sinks.actuator.outcomes import ActionReport
 from sinks.alert.config import AlertConfig
 from sinks.alert.delivery import Delivery
 from sinks.alert.grouping import Grouper, Observation
@@ -42,13 +43,18 @@ class Alerter:
         delivery: Delivery,
         *,
         include_verdicts: bool = True,
+        include_bookkeeping: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.grouper = grouper
         self.router = router
         self.delivery = delivery
         self.include_verdicts = include_verdicts
+        self.include_bookkeeping = include_bookkeeping
         self.clock = clock
+        self._started = clock()
+        self._refreshed: dict[str, float] = {}
+        """Per refreshing target: when open alerts were last re-posted."""
 
     @classmethod
     def from_config(
@@ -81,6 +87,7 @@ class Alerter:
             Router(cfg.destination),
             delivery,
             include_verdicts=cfg.include_verdicts,
+            include_bookkeeping=cfg.include_bookkeeping,
             clock=clock,
         )
 
@@ -106,11 +113,34 @@ class Alerter:
     def on_verdict(self, v: Verdict) -> int:
         if not self.include_verdicts:
             return 0
+        if v.benign and v.score <= 0 and not self.include_bookkeeping:
+            return 0  # bookkeeping (a host census for the correlator), not news
         return self.dispatch(self.grouper.observe(Observation.of_verdict(v), self.clock()))
 
+    def on_action(self, r: ActionReport) -> int:
+        """What the actuator did (``c4.actions``): shown on the host's open alert."""
+        return self.dispatch(
+            self.grouper.observe_outcome(
+                r.job, r.host, r.outcome, r.detail, r.dry_run, self.clock()
+            )
+        )
+
     def tick(self) -> int:
-        """Resolve quiet alerts; call about once a second."""
-        return self.dispatch(self.grouper.expire(self.clock()))
+        """Resolve quiet alerts, refresh open ones where a target needs it; ~once a second."""
+        now = self.clock()
+        queued = self.dispatch(self.grouper.expire(now))
+        for name, target in self.delivery.targets.items():
+            if not target.refreshes:
+                continue
+            last = self._refreshed.setdefault(name, self._started)
+            if now - last < target.destination.refresh_interval_s:
+                continue
+            self._refreshed[name] = now
+            for n in self.grouper.open_alerts():
+                if name in self.router.route(n):
+                    self.delivery.offer(name, n)
+                    queued += 1
+        return queued
 
     def send_to_all(self, n: Notification) -> int:
         """Queue ``n`` for every destination regardless of severity (``alert test``)."""

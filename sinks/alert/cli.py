@@ -9,12 +9,18 @@ from pathlib import Path
 
 import typer
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+from c4base.config import KAFKA_SECTION, flag_overrides, load_section
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from sinks.alert.alerter import Alerter
+from sinks.alert.config import ALERT_SECTION, ConfigError, load_config
+from sinks.alert.consumer import AlertConsumer
+from sinks.alert.samples import sample_notification
 
 alert_app = typer.Typer(
     help=(
         "Post isolation commands and verdicts to ops chat (Slack, Mattermost, Teams, "
-        "DingTalk, Feishu/Lark, Discord, Alertmanager webhook). "
+        "DingTalk, Feishu/Lark, Discord, Alertmanager API or webhook format). "
         "Run: c4stream alert --bootstrap HOST:PORT --config alert.toml · "
         "check destinations: c4stream alert test --config alert.toml"
     ),
@@ -42,13 +48,9 @@ def _is_unified(config: Path) -> bool:
 def _load(config: Path):  # -> AlertConfig
     import os
 
-    from c4stream.config import load_section
-    from c4stream.settings_loader import SettingsError
-    from sinks.alert.config import ConfigError, load_config
-
     try:
         if _is_unified(config):
-            return load_section("alert", config)
+            return load_section("alert", ALERT_SECTION, config)
         return load_config(config, env=os.environ)
     except (ConfigError, SettingsError) as err:
         typer.echo(f"error: {err}", err=True)
@@ -86,18 +88,12 @@ def alert(
     if config is None:
         typer.echo(
             "error: --config alert.toml (or c4stream.toml with [alert]) is required "
-            "(see sinks/ALERTS.md)",
+            "(see docs/alerts.md)",
             err=True,
         )
         raise typer.Exit(2)
     import asyncio
     import signal
-
-    from c4stream.config import flag_overrides, load_section
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from sinks.alert.alerter import Alerter
-    from sinks.alert.consumer import AlertConsumer
 
     cfg = _load(config)
     # [kafka], [metrics] and [log] come from the file only when it is c4stream.toml.
@@ -105,7 +101,7 @@ def alert(
     flags = flag_overrides(ctx, {"bootstrap": "bootstrap", "topic_prefix": "topic_prefix"})
     try:
         svc = start_service(shared, ctx, stage="alerter")
-        kafka = load_section("kafka", shared, overrides=flags)
+        kafka = load_section("kafka", KAFKA_SECTION, shared, overrides=flags)
     except SettingsError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
@@ -138,9 +134,6 @@ def alert_test(
 ) -> None:
     """Send one sample alert to every destination, whatever its min_severity; exit 1 on failure."""
     import asyncio
-
-    from sinks.alert.alerter import Alerter
-    from sinks.alert.samples import sample_notification
 
     _logging(log_level)
     cfg = _load(config)

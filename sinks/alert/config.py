@@ -6,7 +6,8 @@ Example ``alert.toml``::
     external_url = "https://grafana.example.org/d/c4stream"
 
     [[destination]]
-    type = "slack"                   # slack mattermost teams dingtalk feishu discord alertmanager
+    type = "slack"                   # slack mattermost teams dingtalk feishu discord
+                                     # alertmanager_api alertmanager_webhook
     url_env = "C4_SLACK_URL"         # or url = "https://hooks.slack.com/services/..."
     min_severity = "warning"         # info | warning | critical
 
@@ -38,6 +39,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from c4base.config import Section
 from sinks.alert.model import Severity
 
 __all__ = [
@@ -51,7 +53,15 @@ __all__ = [
 ]
 
 TargetType = Literal[
-    "slack", "mattermost", "teams", "dingtalk", "feishu", "discord", "alertmanager"
+    "slack",
+    "mattermost",
+    "teams",
+    "dingtalk",
+    "feishu",
+    "discord",
+    "alertmanager_api",
+    "alertmanager_webhook",
+    "alertmanager",  # old name of alertmanager_webhook, kept so old files still load
 ]
 
 
@@ -83,6 +93,9 @@ class Destination(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str = ""
     """Shown in logs and as Alertmanager's ``receiver``; defaults to ``<type>-<index>``."""
     send_resolved: bool = True
+    refresh_interval_s: float = 60.0
+    """``alertmanager_api`` only: re-post open alerts this often (their ``endsAt`` is
+    4 intervals ahead, so Alertmanager keeps them while c4stream runs)."""
 
     @property
     def redacted_url(self) -> str:
@@ -111,6 +124,9 @@ class AlertConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Open alerts kept at most; beyond that the least recently seen is forgotten."""
     include_verdicts: bool = True
     """Alert on verdicts too (``info``/``warning``), not only on isolation commands."""
+    include_bookkeeping: bool = False
+    """Also alert on bookkeeping verdicts (benign, score 0: e.g. a communicator's host
+    census, "tp-node-000 spans 1 hosts."), which the detectors emit for the correlator."""
     external_url: str = ""
     """Link put in every message (dashboard, runbook) and Alertmanager's ``externalURL``."""
     queue_size: int = 1000
@@ -141,6 +157,21 @@ class AlertConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError("queue_size and max_attempts must be at least 1")
         if self.resolve_timeout_s <= 0:
             raise ConfigError("resolve_timeout_s must be positive")
+        for d in self.destination:
+            if d.refresh_interval_s <= 0:
+                raise ConfigError(f"destination {d.name!r}: refresh_interval_s must be positive")
+
+    def warnings(self) -> list[str]:
+        """Settings that work but are probably not what was meant (``config check``)."""
+        out = []
+        for d in self.destination:
+            if d.type == "alertmanager":
+                out.append(
+                    f"destination {d.name!r}: type 'alertmanager' is the old name of "
+                    "'alertmanager_webhook' (the payload Alertmanager sends to webhook "
+                    "receivers); to feed an Alertmanager use type 'alertmanager_api'"
+                )
+        return out
 
     def __repr__(self) -> str:
         dests = ", ".join(repr(d) for d in self.destination)
@@ -203,3 +234,7 @@ def config_from_table(
     except msgspec.ValidationError as err:
         # msgspec's message names the field path but never echoes values (no secret leaks).
         raise ConfigError(f"{where}: {err}") from None
+
+
+ALERT_SECTION = Section(AlertConfig, lambda data, env: config_from_table(data, env, "[alert]"))
+"""``[alert]`` of ``c4stream.toml`` (``url_env`` resolved from the environment)."""

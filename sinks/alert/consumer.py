@@ -12,7 +12,7 @@ must not replay last week's decisions into the channel.
 
 Undecodable messages go to ``c4.deadletter`` (stage ``alerter``) and are skipped.
 
-With a :class:`~c4stream.metrics.Metrics`, the consumer also counts messages in, dead
+With a :class:`~c4base.metrics.Metrics`, the consumer also counts messages in, dead
 letters, commands and verdicts received, webhook outcomes (``c4stream_sink_actions``:
 delivered, failed, retried, dropped — taken from the delivery counters each tick),
 consumer lag and processing latency.
@@ -25,11 +25,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-from c4stream.consumer_lag import LagMonitor, observe_latency
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
-from c4stream.metrics import Metrics
-from c4stream.topics import Topics
+from c4base.consumer_lag import LagMonitor, observe_latency
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.metrics import Metrics
+from c4base.topics import Topics
+from sinks.actuator.outcomes import ReportDecodeError, decode_report
 from sinks.alert.alerter import Alerter
 from streams.commands import CommandDecodeError, decode_command
 from streams.verdicts import VerdictDecodeError, decode_verdict
@@ -83,7 +84,7 @@ class AlertConsumer:
             self.kafka.consumer_config(self.group_id, **{"auto.offset.reset": reset})
         )
         producer = Producer(self.kafka.producer_config())
-        consumer.subscribe([self.topics.isolations, self.topics.verdicts])
+        consumer.subscribe([self.topics.isolations, self.topics.verdicts, self.topics.actions])
         lag = LagMonitor(consumer, self.metrics, STAGE) if self.metrics is not None else None
         next_tick = time.monotonic() + self.tick_s
         try:
@@ -123,6 +124,8 @@ class AlertConsumer:
                         stage=STAGE, fault=cmd.fault, action=cmd.action
                     ).inc()
                     observe_latency(self.metrics, STAGE, ts_us=cmd.ts_us)
+            elif topic == self.topics.actions:
+                self.alerter.on_action(decode_report(value))
             else:
                 verdict = decode_verdict(value)
                 self.alerter.on_verdict(verdict)
@@ -130,7 +133,7 @@ class AlertConsumer:
                 if self.metrics is not None:
                     self.metrics.verdicts.labels(stage=STAGE, fault=verdict.fault).inc()
                     observe_latency(self.metrics, STAGE, ts_us=verdict.ts_us)
-        except (CommandDecodeError, VerdictDecodeError) as err:
+        except (CommandDecodeError, VerdictDecodeError, ReportDecodeError) as err:
             source = f"{topic}[{msg.partition()}]@{msg.offset()}"  # type: ignore[attr-defined]
             rec = DeadLetter.of(
                 value,

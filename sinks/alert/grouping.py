@@ -12,6 +12,10 @@ when it is over. The rules, per group key ``job/host``:
 - **escalate**: an item of higher severity than what was last sent (a ``warning`` verdict,
   then a ``critical`` cordon command) sends one more ``firing`` message, marked escalated;
 - **remind**: if ``repeat_interval_s`` > 0, a still-open alert is re-sent that often;
+- **outcome**: what the actuator reported (``c4.actions``) is joined to the alert of
+  its job and host; an outcome a person must know about (failed, skipped because an
+  administrator holds the node, denied) sends one more ``firing`` message; acted and
+  dry-run outcomes only update the alert (shown in its next message or refresh);
 - **resolve**: "resolved" means *no new command or verdict for the host within
   ``resolve_timeout_s``* of the last one (default 10 minutes). Either the host was
   isolated and stopped producing telemetry, or the fault went away. The ``resolved``
@@ -79,7 +83,7 @@ class Observation:
             job=cmd.job,
             host=cmd.host,
             fault=cmd.fault,
-            severity=severity_of_command(cmd.action),
+            severity=severity_of_command(cmd.action, cmd.dry_run),
             reason=cmd.reason,
             action=cmd.action,
             confidence=cmd.confidence,
@@ -142,6 +146,8 @@ class _Group:
     dry_run: bool | None = None
     command_id: str | None = None
     has_command: bool = False
+    outcome: str | None = None
+    outcome_detail: str | None = None
 
     def absorb(self, o: Observation, now: float) -> None:
         self.ids[o.id] = None
@@ -180,6 +186,9 @@ class Grouper:
         self.stats = GroupingStats()
         # Least recently seen first, so expiry and eviction pop from the front.
         self._groups: OrderedDict[str, _Group] = OrderedDict()
+        # Actuator outcomes that arrived before their alert opened: key -> (outcome,
+        # detail, dry_run, arrival).
+        self._pending: OrderedDict[str, tuple[str, str, bool, float]] = OrderedDict()
 
     def __len__(self) -> int:
         """Open alerts."""
@@ -208,6 +217,10 @@ class Grouper:
                 faults=[],
             )
             g.absorb(o, now)
+            early = self._pending.pop(key, None)
+            if early is not None and now - early[3] < self.resolve_timeout_s:
+                g.outcome, g.outcome_detail = early[0], early[1]
+                g.dry_run = True if early[2] else g.dry_run
             self._groups[key] = g
             self.stats.opened += 1
             out.append(self._firing(g))
@@ -221,9 +234,10 @@ class Grouper:
         g.absorb(o, now)
         self._groups.move_to_end(key)
         if severity_rank(g.severity) > severity_rank(g.sent_severity):
+            previous = g.sent_severity
             g.sent_severity, g.last_sent = g.severity, now
             self.stats.escalated += 1
-            out.append(self._firing(g, escalated=True))
+            out.append(self._firing(g, escalated=True, previous=previous))
         elif self.repeat_interval_s > 0 and now - g.last_sent >= self.repeat_interval_s:
             g.last_sent = now
             self.stats.reminded += 1
@@ -231,6 +245,33 @@ class Grouper:
         else:
             self.stats.folded += 1
         return out
+
+    def observe_outcome(
+        self, job: str, host: str, outcome: str, detail: str, dry_run: bool, now: float
+    ) -> list[Notification]:
+        """Join the actuator's report to the open alert of ``job/host`` (if any)."""
+        key = f"{job}/{host}"
+        g = self._groups.get(key)
+        if g is None:
+            # Read before its command (two topics, no order between them): kept for a
+            # while and applied when the alert opens. Bounded like the groups.
+            self._pending[key] = (outcome, detail, dry_run, now)
+            self._pending.move_to_end(key)
+            while len(self._pending) > self.max_groups:
+                self._pending.popitem(last=False)
+            return []
+        changed = (g.outcome, g.outcome_detail) != (outcome, detail)
+        g.outcome, g.outcome_detail = outcome, detail
+        if dry_run:
+            g.dry_run = True
+        if changed and outcome in ("failed", "skipped", "denied"):
+            g.last_sent = now
+            return [self._firing(g)]
+        return []
+
+    def open_alerts(self) -> list[Notification]:
+        """The current ``firing`` form of every open alert (targets that refresh)."""
+        return [self._firing(g) for g in self._groups.values()]
 
     def expire(self, now: float) -> list[Notification]:
         """Resolve every alert quiet for ``resolve_timeout_s``; call it about once a second."""
@@ -247,8 +288,10 @@ class Grouper:
         self.stats.resolved += 1
         return self._notification(g, "resolved", ends_at=g.last_seen + self.resolve_timeout_s)
 
-    def _firing(self, g: _Group, *, escalated: bool = False) -> Notification:
-        return self._notification(g, "firing", escalated=escalated)
+    def _firing(
+        self, g: _Group, *, escalated: bool = False, previous: Severity | None = None
+    ) -> Notification:
+        return self._notification(g, "firing", escalated=escalated, previous=previous)
 
     @staticmethod
     def _notification(
@@ -257,6 +300,7 @@ class Grouper:
         *,
         ends_at: float | None = None,
         escalated: bool = False,
+        previous: Severity | None = None,
     ) -> Notification:
         return Notification(
             key=g.key,
@@ -279,4 +323,7 @@ class Grouper:
             verdicts=g.verdicts,
             escalated=escalated,
             command_id=g.command_id,
+            outcome=g.outcome,
+            outcome_detail=g.outcome_detail,
+            previous_severity=previous,
         )

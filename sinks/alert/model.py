@@ -3,12 +3,15 @@
 Severity is derived from what the pipeline decided, never configured per message:
 
 - an isolation command that acts (cordon, taint, restart) is ``critical``;
-- an ``alert_only`` command is ``warning``;
+- an ``alert_only`` command, and a command marked ``dry_run`` (nothing will be acted
+  on, so nobody needs to be woken), is ``warning``;
 - a verdict (one detector's view, before per-host correlation) is ``warning`` when its
   score is at least 0.8 and ``info`` otherwise; a ``benign`` verdict is always ``info``.
 
 >>> severity_of_command("cordon"), severity_of_command("alert_only")
 ('critical', 'warning')
+>>> severity_of_command("cordon", dry_run=True)
+'warning'
 >>> severity_at_least("critical", "warning"), severity_at_least("info", "warning")
 (True, False)
 """
@@ -50,8 +53,8 @@ def severity_at_least(severity: Severity, minimum: Severity) -> bool:
     return _RANK[severity] >= _RANK[minimum]
 
 
-def severity_of_command(action: str) -> Severity:
-    return "warning" if action == "alert_only" else "critical"
+def severity_of_command(action: str, dry_run: bool | None = None) -> Severity:
+    return "warning" if action == "alert_only" or dry_run else "critical"
 
 
 def severity_of_verdict(score: float, benign: bool) -> Severity:
@@ -116,6 +119,13 @@ class Notification:
     command_id: str | None = None
     url: str | None = None
     """Link for people (dashboard, runbook); from the config's ``external_url``."""
+    outcome: str | None = None
+    """What the actuator reported doing (``c4.actions``): acted, dry_run, skipped,
+    denied, failed; None until it reports."""
+    outcome_detail: str | None = None
+    previous_severity: Severity | None = None
+    """On an escalation: the severity sent before (an identity-per-severity target
+    resolves that alert)."""
 
     @property
     def title(self) -> str:
@@ -140,6 +150,8 @@ class Notification:
             )
         if self.escalated:
             return f"Escalated to {self.severity}. {self.summary}"
+        if self.outcome in ("failed", "skipped", "denied"):
+            return f"Actuator: {self.outcome} ({self.outcome_detail}). {self.summary}"
         return self.summary
 
     def facts(self) -> list[tuple[str, str]]:
@@ -152,6 +164,9 @@ class Notification:
         ]
         if self.action is not None:
             out.append(("Action", self.action + (" (dry run)" if self.dry_run else "")))
+        if self.outcome is not None:
+            shown = self.outcome + (f": {self.outcome_detail}" if self.outcome_detail else "")
+            out.append(("Actuator", shown))
         if self.confidence is not None:
             out.append(("Confidence", f"{self.confidence:.2f}"))
         if self.gpu is not None:

@@ -29,7 +29,7 @@ def sample_command(host: str = "gpu-node-17", *, id: str = "c4-test-1") -> Isola
         ),
         evidence={"comms": ["0x7f3a", "0x7f3b", "0x7f3c"], "late_ratio": 0.96},
         gpu=3,
-        dry_run=True,
+        # Not dry_run: a dry-run command alerts as warning (nothing is acted on).
     )
 
 

@@ -12,7 +12,11 @@ from typing import Annotated
 
 import typer
 
-from c4stream.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP
+from c4base.config import flag_overrides, load_section
+from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.settings_loader import SettingsError
+from sinks.archive.consumer import ARCHIVE_SECTION, ArchiveConfig, Archiver
+from sinks.archive.dedupe import dedupe_archive
 
 __all__ = ["app", "parse_size"]
 
@@ -87,11 +91,6 @@ def archive(
     import signal
     import threading
 
-    from c4stream.config import flag_overrides, load_section
-    from c4stream.service import start_service
-    from c4stream.settings_loader import SettingsError
-    from sinks.archive.consumer import ArchiveConfig, Archiver
-
     # Flags given on the command line win over [archive]; [archive] over the defaults.
     flags = flag_overrides(
         ctx,
@@ -100,7 +99,7 @@ def archive(
         row_group_bytes=parse_size(row_group_bytes),
     )
     try:
-        cfg: ArchiveConfig = load_section("archive", config, overrides=flags)
+        cfg: ArchiveConfig = load_section("archive", ARCHIVE_SECTION, config, overrides=flags)
     except SettingsError as err:
         if out is None and "`out`" in str(err):
             raise typer.BadParameter(
@@ -143,7 +142,6 @@ def dedupe(
     ] = False,
 ) -> None:
     """Count (--check) or remove duplicate rows (same topic, partition, offset, index)."""
-    from sinks.archive.dedupe import dedupe_archive
 
     if not root.is_dir():
         raise typer.BadParameter(f"{root} is not a directory", param_hint="ROOT")

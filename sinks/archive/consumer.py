@@ -29,10 +29,17 @@ from typing import Any
 
 import msgspec
 
-from c4stream.consumer_lag import LagMonitor, observe_latency
-from c4stream.kafka import KafkaConfig
-from c4stream.metrics import Metrics
-from c4stream.topics import Topics
+from c4base.config import Section
+from c4base.consumer_lag import LagMonitor, observe_latency
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.metrics import Metrics
+from c4base.topics import Topics
+from sinks.archive import tables
+from sinks.archive.decode import DECODERS
+from sinks.archive.schemas import SCHEMAS
+from sinks.archive.tables import MessageSources
+from sinks.archive.writer import DatasetWriter, RollPolicy, sweep_stale_temps
 
 __all__ = ["ArchiveConfig", "ArchiveError", "ArchiveStats", "Archiver", "OffsetTracker"]
 
@@ -150,8 +157,6 @@ class Archiver:
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
     ):
-        from sinks.archive.schemas import SCHEMAS
-        from sinks.archive.writer import DatasetWriter, RollPolicy
 
         self.cfg = config
         self._clock = clock
@@ -184,8 +189,6 @@ class Archiver:
 
     def run(self, stop: threading.Event) -> ArchiveStats:
         from confluent_kafka import Consumer, Producer
-
-        from sinks.archive.writer import sweep_stale_temps
 
         root = Path(self.cfg.out)
         root.mkdir(parents=True, exist_ok=True)
@@ -261,8 +264,6 @@ class Archiver:
                 self.tracker.consumed(m.topic(), m.partition(), m.offset())
 
     def _archive(self, name: str, msgs: list[Any]) -> None:
-        from sinks.archive import tables
-        from sinks.archive.decode import DECODERS
 
         decode = DECODERS[name]
         records: list[Any] = []
@@ -323,7 +324,6 @@ class Archiver:
             self._commit(force=True)
 
     def _dead_letter(self, m: Any, reason: str) -> None:
-        from c4stream.deadletter import DeadLetter
 
         rec = DeadLetter.of(
             m.value() or b"",
@@ -403,10 +403,12 @@ class Archiver:
 def _sources(topic: str, kept: list[tuple[Any, int]]) -> Any:
     from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
-    from sinks.archive.tables import MessageSources
-
     def ts(m: Any) -> int:
         kind, value = m.timestamp()
         return -1 if kind == TIMESTAMP_NOT_AVAILABLE else value
 
     return MessageSources.build(topic, [(m.partition(), m.offset(), ts(m), n) for m, n in kept])
+
+
+ARCHIVE_SECTION = Section(ArchiveConfig)
+"""``[archive]`` of ``c4stream.toml``."""

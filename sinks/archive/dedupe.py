@@ -13,7 +13,7 @@ publishes meanwhile are not touched; run again later) and safe to interrupt (a
 re-run removes whatever is left).
 
 Read-side alternative without rewriting: :func:`drop_duplicates` on a table, or the
-DuckDB query in ``sinks/ARCHIVE.md``.
+DuckDB query in ``docs/archive.md``.
 
 >>> t = pa.table({"kafka_topic": ["e", "e", "e"], "kafka_partition": [0, 0, 0],
 ...               "kafka_offset": [5, 5, 6], "kafka_index": [0, 0, 0], "x": [1, 2, 3]})

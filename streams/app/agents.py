@@ -89,7 +89,7 @@ def register_agents(
 ) -> WorkerParts:
     """Declare topics, tables, agents, the timer and the hooks on ``app``.
 
-    ``metrics`` (a :class:`c4stream.metrics.Metrics`) gets the worker's counters,
+    ``metrics`` (a :class:`c4base.metrics.Metrics`) gets the worker's counters,
     processing latency and consumer lag when given.
     """
     from faust.types import TP
@@ -315,7 +315,7 @@ def write_status(path: Any, status: dict[str, Any]) -> None:
 
 
 class _Meter:
-    """Prometheus families of :mod:`c4stream.metrics` for stage ``worker`` (no-op if None)."""
+    """Prometheus families of :mod:`c4base.metrics` for stage ``worker`` (no-op if None)."""
 
     STAGE = "worker"
 

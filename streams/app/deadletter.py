@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from c4stream.deadletter import DeadLetter
+from c4base.deadletter import DeadLetter
 
 __all__ = ["CLOCK_HEADER", "DeadLetterPublisher", "Record", "dead_letter"]
 

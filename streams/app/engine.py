@@ -10,10 +10,12 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from producers.events import Event
 from streams.commands import IsolationCommand
+from streams.core import CommDetector, HostCorrelator
+from streams.core.config import DetectConfig, PolicyConfig
 from streams.verdicts import Verdict
 
 __all__ = ["CheckpointRefused", "CoreEngine", "CorrelatorLike", "DetectorLike", "Engine"]
@@ -106,32 +108,24 @@ class Engine(Protocol):
 
 
 class CoreEngine:
-    """The detection core of :mod:`streams.core` with its configs.
+    """The detection core of :mod:`streams.core` with its typed configs.
 
-    ``detect`` / ``policy`` are the fields of ``DetectConfig`` / ``PolicyConfig`` as
-    plain dicts (from the worker's TOML); they are validated here, at start-up.
+    ``detect`` / ``policy`` come typed from ``[worker.detect]``/``[worker.policy]``
+    (validated once, when the file is read); the defaults when absent.
     """
 
-    def __init__(self, detect: dict[str, Any] | None = None, policy: dict[str, Any] | None = None):
-        import msgspec
-
-        from streams import core
-
-        self._core = core
-        try:
-            self.detect = msgspec.convert(detect or {}, core.DetectConfig)
-            self.policy = msgspec.convert(policy or {}, core.PolicyConfig)
-        except msgspec.ValidationError as err:
-            raise ValueError(f"worker detect/policy settings: {err}") from None
+    def __init__(self, detect: DetectConfig | None = None, policy: PolicyConfig | None = None):
+        self.detect = detect or DetectConfig()
+        self.policy = policy or PolicyConfig()
 
     def new_detector(self, comm: str) -> DetectorLike:
-        return self._core.CommDetector(comm, self.detect)
+        return CommDetector(comm, self.detect)
 
     def load_detector(self, comm: str, data: bytes) -> DetectorLike:
-        return self._core.CommDetector.from_bytes(safe_state(data), self.detect)
+        return CommDetector.from_bytes(safe_state(data), self.detect)
 
     def new_correlator(self) -> CorrelatorLike:
-        return self._core.HostCorrelator(self.policy)
+        return HostCorrelator(self.policy)
 
     def load_correlator(self, data: bytes) -> CorrelatorLike:
-        return self._core.HostCorrelator.from_bytes(safe_state(data), self.policy)
+        return HostCorrelator.from_bytes(safe_state(data), self.policy)

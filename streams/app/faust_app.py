@@ -82,7 +82,7 @@ def worker_credentials(config: WorkerConfig) -> Any:
 def make_app(config: WorkerConfig, engine: Engine | None = None, metrics: Any = None) -> Any:
     """Build the worker's ``faust.App``; ``app.c4_parts`` holds its state for status/tests.
 
-    ``metrics``: a :class:`c4stream.metrics.Metrics` to count into (served by the caller).
+    ``metrics``: a :class:`c4base.metrics.Metrics` to count into (served by the caller).
     """
     import faust
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from c4stream.deadletter import DeadLetter
+from c4base.deadletter import DeadLetter
 from producers.events import Event, EventDecodeError, ProgressEvent, decode_message
 from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES, BoundsError, check_bounds
 from streams.app.checkpoint import CheckpointSchedule

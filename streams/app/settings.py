@@ -2,7 +2,7 @@
 
 Everything the Faust worker needs is in :class:`WorkerConfig`; nothing is read from
 the environment deep inside (``KAFKA_BOOTSTRAP`` is honoured by
-:class:`~c4stream.kafka.KafkaConfig` itself, ``C4STREAM__…`` overrides by
+:class:`~c4base.kafka.KafkaConfig` itself, ``C4STREAM__…`` overrides by
 :func:`load_worker_config`).
 
 >>> cfg = WorkerConfig(kafka=KafkaConfig(topic_prefix="t1."), events_partitions=4)
@@ -23,10 +23,13 @@ from typing import Annotated, Any
 
 import msgspec
 
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from c4base.config import Section, load_section
+from c4base.kafka import KafkaConfig
+from c4base.settings_loader import SettingsError
+from c4base.topics import Topics
+from streams.core.config import DetectConfig, PolicyConfig
 
-__all__ = ["WorkerConfig", "WorkerConfigError", "load_worker_config"]
+__all__ = ["WORKER_SECTION", "WorkerConfig", "WorkerConfigError", "load_worker_config"]
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
 PosFloat = Annotated[float, msgspec.Meta(gt=0)]
@@ -119,10 +122,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Faust data dir and ``status.json`` (live counters, read by the CLI, demo and tests)."""
     loglevel: str = "info"
 
-    detect: dict[str, Any] = {}
-    """Fields of :class:`streams.core.DetectConfig` (validated at start-up)."""
-    policy: dict[str, Any] = {}
-    """Fields of :class:`streams.core.PolicyConfig` (validated at start-up)."""
+    detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
+    """``[worker.detect]``: thresholds and windows of the detection core."""
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    """``[worker.policy]``: what the correlator may do (rails, dry run)."""
 
     def topics(self) -> Topics:
         return Topics(
@@ -164,7 +167,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 def load_worker_config(path: str | Path | None = None, **overrides: Any) -> WorkerConfig:
     """``[worker]`` of ``c4stream.toml`` (``[kafka]`` shared), like every service reads it.
 
-    Same rules as :func:`c4stream.config.load_section` (``C4STREAM__WORKER__…``
+    Same rules as :func:`c4base.config.load_section` (``C4STREAM__WORKER__…``
     environment overrides; ``c4stream config check`` validates with the same code).
     ``overrides`` (e.g. from CLI flags; ``bootstrap``/``topic_prefix`` go to ``kafka``)
     win over the file; ``None`` values are ignored.
@@ -172,15 +175,16 @@ def load_worker_config(path: str | Path | None = None, **overrides: Any) -> Work
     >>> load_worker_config(None, workdir="/tmp/w", bootstrap="k:1").kafka.bootstrap
     'k:1'
     """
-    from c4stream.config import load_section
-    from c4stream.settings_loader import SettingsError
-
     dotted = {
         (f"kafka.{k}" if k in ("bootstrap", "topic_prefix") else k): v
         for k, v in overrides.items()
         if v is not None
     }
     try:
-        return load_section("worker", path, overrides=dotted)
+        return load_section("worker", WORKER_SECTION, path, overrides=dotted)
     except (SettingsError, msgspec.ValidationError) as err:
         raise WorkerConfigError(f"worker configuration: {err}") from None
+
+
+WORKER_SECTION = Section(WorkerConfig)
+"""``[worker]`` of ``c4stream.toml`` (``[worker.detect]``/``[worker.policy]`` typed)."""

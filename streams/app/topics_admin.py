@@ -7,7 +7,7 @@ breaks restores after a rebalance.
 
 from __future__ import annotations
 
-from c4stream.kafka_admin import TopicSetupError, create_topics
+from c4base.kafka_admin import TopicSetupError, create_topics
 from streams.app.settings import WorkerConfig
 
 __all__ = ["TopicSetupError", "ensure_topics"]

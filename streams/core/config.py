@@ -30,7 +30,7 @@ def _default_actions() -> dict[Fault, Action]:
     }
 
 
-class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
+class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Thresholds and windows of the per-communicator detectors (times in µs).
 
     Defaults suit a training job with iterations of ~0.1-2 s and heartbeats every ~1 s.
@@ -58,9 +58,6 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
     # --- straggler ---------------------------------------------------------------
     seq_ring: int = 64
     """Collectives kept per communicator to align ranks by sequence number."""
-    seq_close_us: int = 3_000_000
-    """Unused since collectives are judged once per window (kept so configs that set it
-    still load)."""
     min_present_frac: float = 0.8
     """A collective is used only when this fraction of its ranks reported it."""
     straggler_min_seqs: int = 5
@@ -90,7 +87,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Inter-host connections per window needed before the throughput matrix is judged."""
 
 
-class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True):
+class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Safety rails between verdicts and isolation commands (times in µs)."""
 
     dry_run: bool = True

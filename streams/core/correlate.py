@@ -393,8 +393,12 @@ def _reason(
             if vs
             else f"its peers spent {px:.1f}x its kernel time"
         )
+        if all(e.ev.get("arrival") == "enqueue_time" for e in es):  # snapshots without timing
+            late = _median([e.ev.get("late_ms", 0.0) for e in es])
+            wait = f"its peers waited {late:.1f} ms for it per collective (by enqueue times)"
+        who = f"{host} GPU {gpu}" if gpu is not None else host
         return (
-            f"{host} GPU {gpu} is a straggler: it arrived last in {last:.0%} of {n} "
+            f"{who} is a straggler: it arrived last in {last:.0%} of {n} "
             f"collectives on {on} over {span}, {wait}."
         )
     if fault == "noncomm_hang":

@@ -12,13 +12,14 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from producers.events import Event
 from streams.commands import IsolationCommand
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.core.correlate import HostCorrelator
+from streams.core.snapshot import judge_snapshot
 from streams.verdicts import Verdict
 
 __all__ = ["DetectionPipeline"]
@@ -42,6 +43,7 @@ class DetectionPipeline:
         self.verdicts: list[Verdict] = []
         self.commands: list[IsolationCommand] = []
         self.n_events = 0
+        self.snapshot_comms: set[str] = set()
         self.now = -1
         self._tick_us = tick_us
         self._max_buffer = max_buffer
@@ -92,9 +94,31 @@ class DetectionPipeline:
             self._buffered += 1
         return out
 
+    def judge_snapshot(self, events: Sequence[Event]) -> list[IsolationCommand]:
+        """Judge one snapshot (every rank's dump taken at one moment) as a whole
+        (:func:`~streams.core.snapshot.judge_snapshot`); its verdicts go to the same
+        correlator as the stream's. Call :meth:`finish` after the last input."""
+        verdicts = judge_snapshot(events, self.detect_config)
+        self.n_events += len(events)
+        self.snapshot_comms.update(e.comm for e in events)
+        self.now = max(self.now, max((e.ts_us for e in events), default=-1))
+        verdicts.sort(key=lambda v: (v.ts_us, not v.benign))
+        out: list[IsolationCommand] = []
+        for v in verdicts:
+            out += self.correlator.observe(v)
+        self.verdicts += verdicts
+        self.commands += out
+        return out
+
     def finish(self) -> list[IsolationCommand]:
-        """End of input: judge what is buffered; returns the last commands."""
-        return self._flush() if self._buffered else []
+        """End of input: judge what is buffered, then decide what waits for more
+        evidence (a hang's settle time, a host's other GPUs): none will come. Returns
+        the last commands."""
+        out = self._flush() if self._buffered else []
+        pc = self.policy_config
+        late = self.correlator.advance(self.now + max(pc.hang_settle_us, pc.host_wait_us))
+        self.commands += late
+        return out + late
 
     def _flush(self) -> list[IsolationCommand]:
         verdicts: list[Verdict] = []

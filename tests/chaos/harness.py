@@ -24,8 +24,8 @@ from pathlib import Path
 import msgspec
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
 from producers.events import Event, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
 from sinks.actuator.backends import ActionOutcome

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from c4stream.deadletter import DeadLetter
+from c4base.deadletter import DeadLetter
 from producers.events import (
     EventDecodeError,
     OpEvent,

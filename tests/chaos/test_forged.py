@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from producers.events import Event, ProgressEvent
 from producers.simulator import simulate
 from sinks.actuator.config import ActuatorConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from compose.local_broker import LocalKafka
 from streams.app.lifeguard import EXIT_BROKER_UNREACHABLE
 from streams.app.settings import WorkerConfig

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from compose.local_broker import LocalKafka
 from streams.commands import decode_command
 from streams.worker import start_worker_process

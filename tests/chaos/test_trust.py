@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from sinks.actuator.backends import ActionOutcome
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.consumer import Actuator

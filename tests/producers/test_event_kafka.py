@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from producers.events import Conn, OpEvent, ProgressEvent, decode_message, encode_message
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
 from producers.events import decode_message
 from producers.exporter import Exporter, ExporterConfig
 from tests.kafka_helpers import consume
@@ -340,3 +340,27 @@ def test_stop_while_kafka_is_unreachable_then_resume_on_a_live_broker(
     live.close()
     got = consume(kafka_bootstrap, topics["events"], expect=1)
     assert _seqs(got) == Counter((COMM_A, 0, s) for s in range(1, 41))
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(120)
+def test_v4_2_dump_stats_records_are_neither_events_nor_dead_letters(
+    tmp_path: Path, kafka_bootstrap: str, make_topics
+) -> None:
+    """NCCL Inspector format v4.2 writes one dump_stats record per communicator and
+    dump: nothing to publish, and not bad input either."""
+    topics = make_topics({"events": 1, "deadletter": 1})
+    d = tmp_path / "dumps"
+    d.mkdir()
+    src = Path(__file__).parent / "data" / "inspector_2_30" / "v4_2" / "nccl-inspector-7312"
+    f = sorted(src.iterdir())[0]
+    (d / f.name).write_bytes(f.read_bytes())
+    n_stats = f.read_bytes().count(b'"dump_stats"')
+    assert n_stats == 6
+    ex = Exporter(_config(d, kafka_bootstrap, topics), clock=FakeClock())
+    ex.poll_once(publish=True)
+    ex.close()
+    assert ex.stats.lines == 36 and ex.stats.events == 30 and ex.stats.deadletters == 0
+    got = consume(kafka_bootstrap, topics["events"], expect=ex.stats.messages)
+    assert sum(len(decode_message(m.value())) for m in got) == 30
+    assert consume(kafka_bootstrap, topics["deadletter"], expect=0, timeout=2.0) == []

@@ -13,7 +13,9 @@ from producers.events import OpEvent, ProgressEvent, decode_message, encode_mess
 from producers.formats.flight_recorder import (
     FlightRecorderError,
     load_flight_recorder_dump,
+    rank_from_filename,
     read_flight_recorder,
+    read_flight_recorder_snapshot,
 )
 from producers.traces import BadLine
 
@@ -137,3 +139,98 @@ def test_missing_pg_config_is_reported_and_the_rest_kept(tmp_path: Path) -> None
     events = read_flight_recorder(path, job="j", on_bad=bad.append)
     assert {e.comm for e in events} == {"0"}
     assert len(bad) == 1 and "no rank list in pg_config" in bad[0].reason
+
+
+REAL = Path(__file__).parent / "data" / "real" / "torch-2.15-gloo"
+
+
+def _real(case: str, moment: str, fmt: str) -> dict[int, list]:
+    """Events per global rank of one real snapshot, read together."""
+    files = sorted((REAL / case / moment / fmt).iterdir())
+    bad: list[BadLine] = []
+    read = read_flight_recorder_snapshot(files, job="j", on_bad=bad.append)
+    out = {rank_from_filename(p): evs for p, evs in read}
+    assert bad == []
+    return out
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_gloo_dump_membership_comes_from_the_entries(fmt: str) -> None:
+    """ProcessGroupGloo writes the same unusable pg_config on every rank; the groups'
+    members come from which ranks' dumps hold their entries."""
+    dump = load_flight_recorder_dump(REAL / "hang" / "during" / fmt / sorted(
+        p.name for p in (REAL / "hang" / "during" / fmt).iterdir())[0])  # fmt: skip
+    assert list(dump["pg_config"]) == [""]  # what torch 2.15 writes for gloo
+    events = _real("hang", "during", fmt)
+    groups: dict[str, set[tuple[int, int, int]]] = {}
+    for rank, evs in events.items():
+        for e in evs:
+            groups.setdefault(e.comm, set()).add((rank, e.rank, e.nranks))
+    # world, the pairs [0, 1] and [2, 3], the even ranks [0, 2] (tools/fr_capture)
+    assert groups["0"] == {(r, r, 4) for r in range(4)}
+    pairs = sorted(sorted(g) for name, g in groups.items() if name != "0")
+    assert pairs == [[(0, 0, 2), (1, 1, 2)], [(0, 0, 2), (2, 1, 2)], [(2, 0, 2), (3, 1, 2)]]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_gloo_progress_from_enqueued_and_completed(fmt: str) -> None:
+    """gloo keeps last_started_collective at -1: started is last_enqueued; the hung
+    rank (2) is one behind; during the hang its peers have collective 61 in flight, after
+    the timeout they count it as completed."""
+    during = _real("hang", "during", fmt)
+    after = _real("hang", "after_timeout", fmt)
+    for snap, peers_completed in ((during, 60), (after, 61)):
+        world = {r: [e for e in evs if isinstance(e, ProgressEvent) and e.comm == "0"][0]
+                 for r, evs in snap.items()}  # fmt: skip
+        assert (world[2].started, world[2].completed, world[2].inflight_op) == (60, 60, None)
+        for r in (0, 1, 3):
+            assert (world[r].started, world[r].completed) == (61, peers_completed)
+    in_flight = [e for evs in during.values() for e in evs
+                 if isinstance(e, ProgressEvent) and e.comm == "0" and e.inflight_op]  # fmt: skip
+    assert {e.inflight_op for e in in_flight} == {"AllReduce"} and len(in_flight) == 3
+    # retired entries are finished ops: enqueue time as ts_us, no kernel time (untimed)
+    ops = [e for e in during[0] if isinstance(e, OpEvent) and e.comm == "0"]
+    assert [e.seq for e in ops] == list(range(1, 61))
+    assert {e.op for e in ops} == {"AllReduce", "Broadcast", "AllGather"}
+    assert all(e.exec_us == 0.0 for e in ops) and ops[0].bytes == 4096 * 4
+
+
+@pytest.mark.timeout(10)
+def test_gloo_pickle_and_json_give_the_same_events() -> None:
+    """The same ops and counters; the dump times differ (two dump calls, ms apart)."""
+
+    def key(evs: dict[int, list]) -> list:
+        return [
+            (r, e.comm, e.seq, e.ts_us)
+            if isinstance(e, OpEvent)
+            else (r, e.comm, e.started, e.completed)
+            for r, es in sorted(evs.items())
+            for e in es
+        ]
+
+    assert key(_real("straggler", "end", "pickle")) == key(_real("straggler", "end", "json"))
+
+
+@pytest.mark.timeout(10)
+def test_one_gloo_dump_alone_says_what_is_missing() -> None:
+    path = REAL / "healthy" / "end" / "pickle" / "comm_lib_trace_rank_0"
+    bad: list[BadLine] = []
+    events = read_flight_recorder(path, job="j", on_bad=bad.append)
+    assert events == []
+    assert len(bad) == 3 and all("read all ranks' dumps together" in b.reason for b in bad)
+
+
+@pytest.mark.timeout(10)
+def test_a_second_dump_of_a_rank_in_one_snapshot_is_reported(tmp_path: Path) -> None:
+    d = tmp_path / "snap"
+    shutil.copytree(REAL / "healthy" / "end" / "pickle", d)
+    shutil.copyfile(REAL / "healthy" / "end" / "json" / "comm_lib_trace_rank_1.json",
+                    d / "comm_lib_trace_rank_1.json")  # fmt: skip
+    bad: list[BadLine] = []
+    out = read_flight_recorder_snapshot(sorted(d.iterdir()), job="j", on_bad=bad.append)
+    assert len(bad) == 1 and "second dump of rank 1" in bad[0].reason
+    assert sum(len(evs) for _, evs in out) == sum(
+        len(v) for v in _real("healthy", "end", "pickle").values()
+    )

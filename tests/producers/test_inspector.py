@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from producers.events import OpEvent, decode_message, encode_message
@@ -104,3 +105,55 @@ def test_gzip_log_is_read(tmp_path: Path) -> None:
     got, bad = _read(path)
     assert len(got) == 10 and not bad
     shutil.rmtree(tmp_path)
+
+
+DATA_230 = Path(__file__).parent / "data" / "inspector_2_30"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("sub", ["nccl-inspector-7311", "v4_2/nccl-inspector-7312"])
+def test_nccl_2_30_layout_many_ops_per_communicator_per_dump(sub: str) -> None:
+    """NCCL 2.30: each dump writes the ring of ops completed since the last dump, per
+    communicator, with header.comm_name; v4.2 adds algo/proto and dump_stats records."""
+    files = sorted((DATA_230 / sub).iterdir())
+    events: list[OpEvent] = []
+    for f in files:
+        got, bad = _read(f)
+        assert bad == []
+        events += [e for _, e in got]
+    # 4 processes; per dump 6 ops of the world communicator and 4 of the host's own.
+    assert len(events) == 4 * 3 * (6 + 4)
+    names = {e.comm: e.comm_name for e in events}
+    assert names == {"0x5e7a1c9d22f04b": "dp_world", "0x91b2c3d4e5f601": "tp_node1",
+                     "0x91b2c3d4e5f602": "tp_node2"}  # fmt: skip
+    world0 = sorted(e.seq for e in events if e.comm == "0x5e7a1c9d22f04b" and e.rank == 0)
+    assert world0 == list(range(1, 19))  # no gaps: every completed op is there
+    dumps = {e.ts_us for e in events if e.comm == "0x5e7a1c9d22f04b" and e.rank == 0}
+    assert len(dumps) == 3  # several ops share one dump time
+    if sub.startswith("v4_2"):
+        assert {(e.algo, e.proto) for e in events} == {("RING", "SIMPLE")}
+    else:
+        assert {(e.algo, e.proto) for e in events} == {(None, None)}
+
+
+@pytest.mark.timeout(10)
+def test_unknown_newer_layout_gives_one_message_per_file(tmp_path: Path) -> None:
+    """A layout this reader does not know (header and metadata once per communicator in
+    the dump_stats record, bare coll_perf lines after it): one clear message for the file."""
+    src = sorted((DATA_230 / "v4_2" / "nccl-inspector-7312").iterdir())[0]
+    out = []
+    for raw in src.read_text().splitlines():
+        rec = msgspec.json.decode(raw)
+        rec["metadata"]["inspector_output_format_version"] = "v4.3"
+        if "coll_perf" in rec:
+            rec = {"coll_perf": rec["coll_perf"]}
+        out.append(msgspec.json.encode(rec).decode())
+    path = tmp_path / "gpu-node-01-pid41001.log"
+    path.write_text("\n".join(out) + "\n")
+    got, bad = _read(path)
+    assert got == [] and len(bad) == 1
+    assert "format v4.3 is newer" in bad[0].reason and "30 record(s)" in bad[0].reason
+    # Within the known versions a broken line is still reported on its own line.
+    path.write_text(src.read_text() + "{not json\n")
+    got, bad = _read(path)
+    assert len(got) == 30 and [b.lineno for b in bad] == [37]

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import shutil
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.kafka_admin import create_topics
+from c4base.topics import Topics
 from c4stream.cli import app
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
 from producers.events import OpEvent, ProgressEvent, decode_message
+from producers.exporter import ExporterConfig
 from producers.replay import ReplayConfig, replay
 from producers.traces import TraceWriter
 from tests.kafka_helpers import consume
@@ -189,3 +193,29 @@ def test_replay_of_a_simulator_trace_matches_its_counts(
     got = consume(kafka_bootstrap, topics["events"], expect=written.lines)
     assert len(got) == written.lines
     assert sum(len(decode_message(m.value())) for m in got) == written.events
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(90)
+def test_replay_and_exporter_follow_the_shared_topic_prefix(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """``[kafka] topic_prefix`` is shared: the producers write where the worker reads
+    (issue 9, defect 1: they wrote to the unprefixed c4.events)."""
+    prefix = f"pfx{uuid.uuid4().hex[:6]}."
+    topics = Topics(prefix=prefix)
+    create_topics(kafka_bootstrap, {topics.events: 2, topics.deadletter: 1})
+    cfg_file = tmp_path / "c4stream.toml"
+    cfg_file.write_text(f'[kafka]\nbootstrap = "{kafka_bootstrap}"\ntopic_prefix = "{prefix}"\n')
+    trace = tmp_path / "t.jsonl"
+    n_lines, _ = _write_trace(trace, seconds=1.0, lines_per_s=5)
+    result = CliRunner().invoke(
+        app, ["replay", str(trace), "--config", str(cfg_file), "--speed", "max", "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(consume(kafka_bootstrap, topics.events, expect=n_lines)) == n_lines
+    exporter = ExporterConfig(directory=tmp_path, kafka=KafkaConfig(topic_prefix=prefix))
+    assert (exporter.events_topic, exporter.deadletter_topic) == (
+        topics.events,
+        topics.deadletter,
+    )

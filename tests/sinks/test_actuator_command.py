@@ -250,3 +250,40 @@ def test_a_command_the_template_cannot_render_is_dead_lettered_not_run(
         dry = Actuator(ActuatorConfig(), be, led).handle(command(id="c4-2"))
         assert dry.decision == "dry_run" and "would fail" in dry.detail
     assert calls(scheduler) == []
+
+
+def test_restart_job_without_a_template_is_skipped_with_the_reason(
+    scheduler: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Issue 13, defect 8: it was logged DONE and recorded done, so a template added
+    later never ran for it."""
+    be = CommandBackend(CommandSettings(template=template(scheduler)))
+    with Ledger(tmp_path / "ledger.sqlite3") as led:
+        h = Actuator(ActuatorConfig(execute=True), be, led).handle(command(action="restart_job"))
+        assert (h.decision, h.status) == ("act", "skipped")
+        assert "no restart template" in h.detail
+        assert not led.is_done("c4-1") and led.get("c4-1").status == "skipped"  # type: ignore[union-attr]
+        with_template = CommandBackend(
+            CommandSettings(
+                template=template(scheduler),
+                restart_template=f"{shlex.quote(sys.executable)} {shlex.quote(str(scheduler[0]))} "
+                f"{shlex.quote(str(scheduler[1]))} ok requeue {{job}}",
+            )
+        )
+        h = Actuator(ActuatorConfig(execute=True), with_template, led).handle(
+            command(action="restart_job")
+        )
+        assert h.status == "done" and calls(scheduler) == [["requeue", "j"]]
+
+
+def test_a_dry_run_names_the_switch_that_held_it_back(
+    scheduler: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Issue 13, defect 2: two switches, and the log did not say which one to flip."""
+    be = CommandBackend(CommandSettings(template=template(scheduler)))
+    with Ledger(tmp_path / "ledger.sqlite3") as led:
+        worker = Actuator(ActuatorConfig(execute=True), be, led).handle(command(dry_run=True))
+        actuator = Actuator(ActuatorConfig(), be, led).handle(command(id="c4-2"))
+    assert "[worker.policy] dry_run" in worker.detail and "--execute alone" in worker.detail
+    assert "[actuator] execute = false" in actuator.detail
+    assert calls(scheduler) == []

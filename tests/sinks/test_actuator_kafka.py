@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
 from sinks.actuator.command_backend import CommandBackend
 from sinks.actuator.config import ActuatorConfig, CommandSettings
 from sinks.actuator.consumer import run

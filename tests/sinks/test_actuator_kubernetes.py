@@ -4,8 +4,11 @@
 backend calls, with the API server's semantics that matter here: every write bumps
 ``metadata.resourceVersion``; a write that carries a stale one gets 409 Conflict; JSON
 merge patches replace lists; strategic-merge patches of ``status.conditions`` merge by
-``type``; an Event name that exists gets 409. Other content types get 415, so a
-client that sends a strategic-merge patch of the taints fails here.
+``type``; an Event name that exists gets 409; an Event whose ``involvedObject.namespace``
+does not fit its namespace gets 422 (the API server's ``ValidateEvent`` rule, see
+:func:`event_namespace_error`). Other content types get 415, so a client that sends a
+strategic-merge patch of the taints fails here. SelfSubjectAccessReviews answer from
+:attr:`FakeKubeAPI.denied`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from sinks.actuator.backends import (
 )
 from sinks.actuator.config import ActuatorConfig, KubernetesSettings
 from sinks.actuator.consumer import Actuator
-from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
+from sinks.actuator.kubernetes_backend import KubernetesBackend, event_name, load_api_client
 from sinks.actuator.ledger import Ledger
 from streams.commands import IsolationCommand
 
@@ -65,6 +68,8 @@ class FakeKubeAPI:
         self.requests: list[dict[str, Any]] = []
         self.conflicts = 0
         self.forbidden = False
+        self.denied: set[tuple[str, str]] = set()
+        """(resource[/subresource], verb) a SelfSubjectAccessReview answers not allowed."""
         self._rv = 1000
         # Called (under the lock) before a spec write is checked: simulates another
         # controller changing the node between our read and our write.
@@ -107,8 +112,18 @@ class FakeKubeAPI:
             m = re.fullmatch(r"/api/v1/nodes/([^/]+)(/status)?", path)
             if m:
                 return self._node(method, m.group(1), bool(m.group(2)), ctype, body)
+            if path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
+                attrs = body["spec"]["resourceAttributes"]
+                res = attrs["resource"] + (
+                    f"/{attrs['subresource']}" if attrs.get("subresource") else ""
+                )
+                allowed = (res, attrs["verb"]) not in self.denied
+                return 201, {**body, "status": {"allowed": allowed}}
             m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path)
             if m and method == "POST":
+                invalid = event_namespace_error(m.group(1), body)
+                if invalid:
+                    return status(422, "Invalid", invalid)
                 key = (m.group(1), body["metadata"]["name"])
                 if key in self.events:
                     return status(409, "AlreadyExists", f"events {key[1]!r} already exists")
@@ -156,6 +171,29 @@ class FakeKubeAPI:
             self.nodes[name] = new
             return 200, new
         return status(405, "MethodNotAllowed", f"{method} not served here")
+
+
+def event_namespace_error(namespace: str, event: dict[str, Any]) -> str | None:
+    """The API server's check of a core/v1 Event's namespaces, or None when it passes.
+
+    As in Kubernetes' ``pkg/apis/core/validation/events.go`` (``legacyValidateEvent``):
+    without ``eventTime``, an involvedObject with no namespace (a Node) is allowed only
+    in namespace "" or "default", and one with a namespace must match the Event's;
+    with ``eventTime``, no namespace is allowed in "default" and "kube-system".
+    """
+    inv_ns = event.get("involvedObject", {}).get("namespace") or ""
+    name = event["metadata"]["name"]
+    msg = (
+        f'Event "{name}" is invalid: involvedObject.namespace: Invalid value: "{inv_ns}": '
+        "does not match event.namespace"
+    )
+    if not event.get("eventTime"):
+        if not inv_ns:
+            return None if namespace in ("", "default") else msg
+        return None if inv_ns == namespace else msg
+    if not inv_ns and namespace not in ("default", "kube-system"):
+        return msg
+    return None
 
 
 def status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
@@ -451,3 +489,54 @@ def test_rbac_manifest_grants_exactly_what_the_backend_calls(
             ("events", "create"),
         }
     )
+
+
+def test_events_in_another_namespace_pass_the_api_servers_rule(
+    api: tuple[FakeKubeAPI, str],
+) -> None:
+    fake, url = api
+    fake.add_node("gpu-node-3")
+    out = backend_for(url, event_namespace="c4stream").apply(command())
+    assert "Event not posted" not in out.detail
+    [(ns, _)] = fake.events
+    ev = fake.events[(ns, _)]
+    assert ns == "c4stream" and ev["involvedObject"]["namespace"] == "c4stream"
+    assert ev["involvedObject"]["kind"] == "Node" and ev["involvedObject"]["name"] == "gpu-node-3"
+    # In "default" the Node's Event carries no namespace, so kubectl describe node shows it.
+    backend_for(url).apply(command(id="c4-8"))
+    assert (
+        "namespace"
+        not in fake.events[("default", event_name("gpu-node-3", "c4-8"))]["involvedObject"]
+    )
+
+
+def test_a_rejected_event_does_not_fail_an_action_that_happened(
+    api: tuple[FakeKubeAPI, str],
+) -> None:
+    fake, url = api
+    fake.add_node("gpu-node-3")
+    real = fake.handle
+
+    def reject_events(method: str, path: str, ctype: str, body: Any, auth: str | None):
+        if path.endswith("/events"):
+            return status(422, "Invalid", "metadata.name: too long")
+        return real(method, path, ctype, body, auth)
+
+    fake.handle = reject_events  # type: ignore[method-assign]
+    out = backend_for(url).apply(command())
+    assert fake.nodes["gpu-node-3"]["spec"]["unschedulable"] is True
+    assert "Event not posted" in out.detail and "too long" in out.detail
+
+
+def test_check_asks_the_api_server_for_each_permission(api: tuple[FakeKubeAPI, str]) -> None:
+    fake, url = api
+    lines = backend_for(url, event_namespace="c4stream").check()
+    assert lines == [
+        "kubernetes: get nodes: allowed",
+        "kubernetes: patch nodes: allowed",
+        "kubernetes: patch nodes/status: allowed",
+        "kubernetes: create events in namespace c4stream: allowed",
+    ]
+    fake.denied = {("nodes/status", "patch")}
+    with pytest.raises(ActuatorConfigError, match="not allowed to patch nodes/status"):
+        backend_for(url).check()

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
 import msgspec
 import pytest
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 from compose.local_broker import create_topics
 from sinks.alert.alerter import Alerter
 from sinks.alert.config import AlertConfig, Destination
@@ -114,3 +115,54 @@ def test_consumer_groups_routes_resolves_and_dead_letters(
     (rec,) = [DeadLetter.decode(m.value()) for m in msgs]
     assert rec.stage == "alerter" and rec.payload() == b'{"not": "a command"}' and rec.key == "h9"
     assert rec.source.startswith(topics.isolations)
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(90)
+def test_consumer_reads_the_actuators_outcomes(
+    kafka_bootstrap: str, webhook_server: WebhookServer
+) -> None:
+    """The actuator's c4.actions record reaches the host's alert (issue 13, defect 6)."""
+    from confluent_kafka import Producer
+
+    from sinks.actuator.outcomes import encode_report, new_report
+
+    topics = Topics(prefix=f"alert-{uuid.uuid4().hex[:8]}.")
+    create_topics(kafka_bootstrap, topics.partitions(), 30.0)
+    kafka = KafkaConfig(bootstrap=kafka_bootstrap, topic_prefix=topics.prefix)
+    cmd = sample_command("h1")
+    report = new_report(
+        command_id=cmd.id, job=cmd.job, host=cmd.host, node=cmd.host, action=cmd.action,
+        fault=cmd.fault, decision="act", status="failed",
+        detail="gave up after 3 attempt(s): scontrol timed out",
+    )  # fmt: skip
+    producer = Producer(kafka.producer_config())
+    producer.produce(topics.isolations, encode_command(cmd), key=b"h1")
+    producer.produce(topics.actions, encode_report(report), key=b"h1")
+    assert producer.flush(10) == 0
+    cfg = AlertConfig(
+        destination=[
+            Destination(type="mattermost", url=webhook_server.url("/mm"), min_severity="info")
+        ],
+        resolve_timeout_s=30.0,
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        async with Alerter.from_config(cfg) as alerter:
+            consumer = AlertConsumer(
+                alerter, kafka, topics=topics, group_id=f"g-{uuid.uuid4().hex[:6]}",
+                from_beginning=True, tick_s=0.2,
+            )  # fmt: skip
+            task = asyncio.create_task(consumer.run(stop))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not any(
+                "Actuator: failed" in json.dumps(r.json) for r in webhook_server.at("/mm")
+            ):
+                await asyncio.sleep(0.2)
+            stop.set()
+            await task
+
+    asyncio.run(run())
+    texts = [json.dumps(r.json) for r in webhook_server.at("/mm")]
+    assert any("Actuator: failed (gave up after 3 attempt(s)" in t for t in texts), texts

@@ -185,3 +185,28 @@ def test_end_to_end_grouping_routing_and_resolve_over_http(webhook_server: Webho
     assert am[0]["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
     assert am[1]["alerts"][0]["endsAt"] == "1970-01-01T00:17:42Z"  # last arrival 1002 s + 60 s
     assert am[0]["alerts"][0]["fingerprint"] == am[1]["alerts"][0]["fingerprint"]
+
+
+def test_actuator_outcomes_join_the_hosts_alert_in_either_order() -> None:
+    """Issue 13, defect 6: alerts said "cordon" even when the actuator failed."""
+    g = Grouper(resolve_timeout_s=60)
+    (first,) = g.observe(_cmd(0), 1.0)
+    assert first.outcome is None
+    (upd,) = g.observe_outcome("llm-pretrain-7b", "h3", "failed", "Invalid user id", False, 2.0)
+    assert upd.status == "firing" and upd.outcome == "failed"
+    assert "Actuator: failed (Invalid user id)" in upd.text
+    assert ("Actuator", "failed: Invalid user id") in upd.facts()
+    # acted / dry run only update the alert; the same outcome twice says nothing new
+    assert g.observe_outcome("llm-pretrain-7b", "h3", "failed", "Invalid user id", False, 3.0) == []
+    assert g.observe_outcome("llm-pretrain-7b", "h3", "acted", "drained", False, 4.0) == []
+    # an outcome read before its command is applied when the alert opens
+    assert g.observe_outcome("llm-pretrain-7b", "h4", "dry_run", "would drain", True, 5.0) == []
+    (h4,) = g.observe(_cmd(0, host="h4"), 5.5)
+    assert h4.outcome == "dry_run" and h4.dry_run is True
+
+
+def test_a_dry_run_command_is_a_warning() -> None:
+    g = Grouper(resolve_timeout_s=60)
+    cmd = msgspec.structs.replace(_command(0), dry_run=True)
+    (n,) = g.observe(Observation.of_command(cmd), 1.0)
+    assert n.severity == "warning" and ("Action", "cordon (dry run)") in n.facts()

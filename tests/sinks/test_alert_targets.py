@@ -14,6 +14,7 @@ import hmac
 import json
 import logging
 import time
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote_plus
 
@@ -352,8 +353,34 @@ VALIDATORS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    # Alertmanager's own API v2: POST /api/v2/alerts takes a list of postableAlert
+    # (labels required; annotations, startsAt, endsAt, generatorURL optional).
+    "alertmanager_api": {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["labels", "annotations", "startsAt", "endsAt", "generatorURL"],
+            "additionalProperties": False,
+            "properties": {
+                "labels": {
+                    "type": "object",
+                    "required": ["alertname", "job", "host", "severity"],
+                    "additionalProperties": False,
+                    "properties": {
+                        k: {"type": "string", "minLength": 1}
+                        for k in ("alertname", "job", "host", "severity")
+                    },
+                },
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                "startsAt": {"type": "string", "pattern": _ISO},
+                "endsAt": {"type": "string", "pattern": _ISO},
+                "generatorURL": {"type": "string"},
+            },
+        },
+    },
     # Alertmanager webhook_config payload, version 4.
-    "alertmanager": {
+    "alertmanager_webhook": {
         "type": "object",
         "required": [
             "version",
@@ -439,8 +466,12 @@ def test_contract_every_target_renders_a_valid_request(kind: str, status: str) -
     body = req.body()
     text = json.dumps(req.json, ensure_ascii=False)
     assert n.host in text and n.job in text and "straggler" in text
-    assert status in text.lower()
-    assert ("resolved" in text.lower()) == (status == "resolved")
+    if kind == "alertmanager_api":  # Alertmanager's API says "resolved" by endsAt alone
+        ends = datetime.fromisoformat(req.json[0]["endsAt"]).timestamp()
+        assert (ends <= NOW) == (status == "resolved")
+    else:
+        assert status in text.lower()
+        assert ("resolved" in text.lower()) == (status == "resolved")
     assert len(body) < 20_000  # DingTalk and Feishu refuse bodies over 20 KB
     assert req.url.startswith("https://chat.example.org/")
 
@@ -472,7 +503,7 @@ FACTS = [
     ("Job", "llm-pretrain-7b"),
     ("Fault", "straggler"),
     ("Severity", "critical"),
-    ("Action", "cordon_and_taint (dry run)"),
+    ("Action", "cordon_and_taint"),
     ("Confidence", "0.97"),
     ("GPU", "3"),
     ("Commands / verdicts", "1 / 0"),
@@ -613,7 +644,29 @@ def _expected(kind: str) -> dict[str, Any]:
             ],
             "allowed_mentions": {"parse": []},
         }
-    assert kind == "alertmanager"
+    if kind == "alertmanager_api":
+        return [  # type: ignore[return-value]
+            {
+                "labels": {
+                    "alertname": "C4FaultyHost",
+                    "job": "llm-pretrain-7b",
+                    "host": "gpu-node-17",
+                    "severity": "critical",
+                },
+                "annotations": {
+                    "summary": "straggler on gpu-node-17 (job llm-pretrain-7b)",
+                    "description": REASON,
+                    "action": "cordon_and_taint",
+                    "confidence": "0.97",
+                    "gpu": "3",
+                    "command_id": "c4-test-1",
+                },
+                "startsAt": "2025-11-24T16:00:00Z",
+                "endsAt": "2025-11-24T16:04:00Z",  # NOW + 4 refresh intervals of 60 s
+                "generatorURL": EXTERNAL,
+            }
+        ]
+    assert kind == "alertmanager_webhook"
     labels = {
         "alertname": "C4FaultyHost",
         "job": "llm-pretrain-7b",
@@ -627,13 +680,14 @@ def _expected(kind: str) -> dict[str, Any]:
         "action": "cordon_and_taint",
         "confidence": "0.97",
         "gpu": "3",
+        "command_id": "c4-test-1",
     }
     return {
         "version": "4",
         "groupKey": '{}:{host="gpu-node-17", job="llm-pretrain-7b"}',
         "truncatedAlerts": 0,
         "status": "firing",
-        "receiver": "alertmanager-0",
+        "receiver": "alertmanager_webhook-0",
         "groupLabels": {"host": "gpu-node-17", "job": "llm-pretrain-7b"},
         "commonLabels": labels,
         "commonAnnotations": annotations,
@@ -682,7 +736,8 @@ def _send_all(server: WebhookServer, clock: Any) -> dict[str, bool]:
 def test_exact_payload_of_every_target_over_http(webhook_server: WebhookServer) -> None:
     assert _send_all(webhook_server, lambda: NOW) == dict.fromkeys(TARGETS, True)
     for kind in sorted(TARGETS):
-        (got,) = webhook_server.at(f"/{kind}")
+        path = f"/{kind}" + ("/api/v2/alerts" if kind == "alertmanager_api" else "")
+        (got,) = webhook_server.at(path)
         assert got.headers["Content-Type"] == "application/json"
         assert got.json == _expected(kind), kind
     # DingTalk: signed in the query, next to the access token, sign URL-encoded.

@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
-from c4stream.topics import Topics
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
 from compose.local_broker import create_topics
 from producers.events import Event, OpEvent, encode_message
 from producers.simulator import SimConfig, simulate

@@ -278,7 +278,7 @@ def test_dedupe_removes_duplicates_and_keeps_every_row(tmp_path: Path) -> None:
         w.close_all()
     before = open_dataset(tmp_path, "events").to_table()
     assert before.num_rows == 500 and count_duplicates(before) == 200
-    # read-time de-duplication as documented in sinks/ARCHIVE.md
+    # read-time de-duplication as documented in docs/archive.md
     deduped = duckdb.sql(
         f"""WITH ev AS (
               SELECT * FROM read_parquet('{tmp_path}/events/**/*.parquet',

@@ -15,7 +15,7 @@ import pytest
 
 from producers.simulator import SCENARIOS, BenignSpec, FaultSpec, SimConfig, ground_truth, simulate
 from streams.core import DetectionPipeline
-from streams.core.score import Score, score_commands
+from streams.scoring import RunScore, score_commands
 
 R = msgspec.structs.replace
 BASE = R(SCENARIOS["healthy"], hosts=16, gpus_per_host=8, duration_s=70)  # 128 GPUs
@@ -42,7 +42,7 @@ BENIGN_MIX = [
 ]
 
 
-def detect(cfg: SimConfig) -> tuple[Score, DetectionPipeline]:
+def detect(cfg: SimConfig) -> tuple[RunScore, DetectionPipeline]:
     pipe = DetectionPipeline()
     for batch in simulate(cfg):
         pipe.feed(batch)
@@ -63,18 +63,18 @@ def test_fault_found_in_time_without_false_isolations(name: str) -> None:
     [res] = score.faults
     print(f"\n{name}: found={res.found} latency_s={res.latency_s} "
           f"false_isolations={score.false_isolations}")  # fmt: skip
-    assert res.found, f"{name} not found; commands: {[_fmt(c) for c in score.false_commands]}"
+    assert res.found, f"{name} not found; commands: {[_fmt(c) for c in score.false_decisions]}"
     assert res.latency_s is not None and res.latency_s <= budget
-    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_decisions]
 
 
 @pytest.mark.timeout(60)
 def test_faults_and_benign_together_demo() -> None:
     score, _ = detect(R(SCENARIOS["demo"], seed=3))
-    print(f"\ndemo: {[(f.kind, f.found, f.latency_s) for f in score.faults]} "
+    print(f"\ndemo: {[(f.fault_id, f.found, f.latency_s) for f in score.faults]} "
           f"false_isolations={score.false_isolations}")  # fmt: skip
     assert score.all_found
-    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_decisions]
 
 
 @pytest.mark.timeout(90)
@@ -84,5 +84,5 @@ def test_benign_only_traces_isolate_nothing(seed: int, hosts: int) -> None:
     score, pipe = detect(cfg)
     print(f"\nbenign seed={seed} gpus={hosts * 8}: false_isolations={score.false_isolations} "
           f"verdicts={sum(not v.benign for v in pipe.verdicts)}")  # fmt: skip
-    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_decisions]
     assert pipe.n_events > 10_000

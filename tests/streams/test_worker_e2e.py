@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from c4stream.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig
 from producers.events import Event, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, ground_truth, simulate
 from streams.app.settings import WorkerConfig

@@ -21,8 +21,8 @@ import pytest
 if __name__ != "__main__":
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-from c4stream.deadletter import DeadLetter
-from c4stream.kafka import KafkaConfig
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
 from producers.events import Event, OpEvent, encode_message
 from streams.app.checkpoint import join_checkpoint
 from streams.app.router import unwrap_state

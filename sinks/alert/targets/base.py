@@ -62,7 +62,8 @@ class WebhookRequest:
     """One POST: where to, and the JSON body. ``url`` may carry credentials: never log it."""
 
     url: str
-    json: dict[str, Any]
+    json: dict[str, Any] | list[dict[str, Any]]
+    """The body: an object for chat webhooks, a list of alerts for Alertmanager's API."""
     headers: dict[str, str] = field(default_factory=dict)
 
     def body(self) -> bytes:
@@ -73,6 +74,9 @@ class Target(ABC):
     """Base class of chat targets; subclasses set ``kind`` and implement :meth:`render`."""
 
     kind: ClassVar[str]
+    refreshes: ClassVar[bool] = False
+    """True for targets that must be told again about open alerts every
+    ``refresh_interval_s`` (Alertmanager's API: alerts expire at their ``endsAt``)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -98,7 +102,7 @@ class Target(ABC):
         return f"{type(self).__name__}({self.destination!r})"
 
     @abstractmethod
-    def render(self, n: Notification) -> dict[str, Any]:
+    def render(self, n: Notification) -> dict[str, Any] | list[dict[str, Any]]:
         """The JSON body in this chat's own format."""
 
     def request(self, n: Notification) -> WebhookRequest:

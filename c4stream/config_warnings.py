@@ -1,0 +1,88 @@
+"""What ``c4stream config check`` warns about: settings that are valid but disagree.
+
+The tables are checked one by one by :func:`c4stream.config.check_config`; these are
+the cross-table cases a user trips over:
+
+- **two dry-run switches.** The actuator acts only when ``[actuator] execute`` is true
+  *and* the command is not marked ``dry_run`` by the worker, which marks every command
+  while ``[worker.policy] dry_run`` is true — its default. ``execute = true`` with the
+  worker still in dry run acts on nothing (each command is logged "DRY-RUN … the command
+  says dry_run").
+- **old alert target name.** ``type = "alertmanager"`` is the webhook *format*; a real
+  Alertmanager needs ``type = "alertmanager_api"``.
+- **Events outside "default".** ``kubectl describe node`` shows only Node Events in
+  namespace ``default``.
+
+>>> text = '[actuator]\\nexecute = true\\n'
+>>> [w.section for w in config_warnings(text=text, env={})]
+['actuator']
+>>> config_warnings(text=text + '[worker.policy]\\ndry_run = false\\n', env={})
+[]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from c4base.settings_loader import SettingsError, load_raw
+from c4stream.config import load_section
+
+__all__ = ["ConfigWarning", "config_warnings"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigWarning:
+    section: str
+    message: str
+
+
+def _section(name: str, path: str | Path | None, text: str | None, env: Mapping[str, str]) -> Any:
+    try:
+        return load_section(name, path, text=text, env=env)
+    except SettingsError:  # reported as an error by check_config already
+        return None
+
+
+def config_warnings(
+    path: str | Path | None = None,
+    *,
+    text: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[ConfigWarning]:
+    """Warnings for a file whose tables are each valid (see the module docstring)."""
+    env = {} if env is None else env
+    doc, _ = load_raw(path, text=text, env=env)
+    out: list[ConfigWarning] = []
+    if "actuator" in doc:
+        act = _section("actuator", path, text, env)
+        policy = (doc.get("worker") or {}).get("policy") or {}
+        worker_dry = policy.get("dry_run", True)  # streams.core.PolicyConfig's default
+        if act is not None and act.execute and worker_dry is True:
+            where = "is true" if "dry_run" in policy else "is not set (default true)"
+            out.append(
+                ConfigWarning(
+                    "actuator",
+                    f"[actuator] execute = true, but [worker.policy] dry_run {where}: the "
+                    "worker marks every command dry_run and the actuator only logs it. "
+                    "Set [worker.policy] dry_run = false to act (both switches must allow it).",
+                )
+            )
+        if act is not None and act.backend == "kubernetes":
+            ns = act.kubernetes.event_namespace
+            if ns not in ("", "default"):
+                out.append(
+                    ConfigWarning(
+                        "actuator",
+                        f"[actuator.kubernetes] event_namespace = {ns!r}: Node Events go there "
+                        "(kubectl get events -n " + ns + "); kubectl describe node shows only "
+                        "those in 'default'",
+                    )
+                )
+    if "alert" in doc:
+        alert = _section("alert", path, text, env)
+        if alert is not None:
+            out += [ConfigWarning("alert", w) for w in alert.warnings()]
+    return out

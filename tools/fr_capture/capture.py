@@ -1,0 +1,238 @@
+"""Capture real PyTorch Flight Recorder dumps from a gloo job on CPU.
+
+Runs ``--world`` processes (``torch.distributed``, ProcessGroupGloo, 127.0.0.1 only)
+with the world group and two or more sub-groups (consecutive pairs, and the even
+ranks when there are at least four), a few collective kinds per step, and one of
+three cases:
+
+* ``healthy``: every rank runs every step;
+* ``hang``: rank ``--bad-rank`` never enters its ``--hang-at``-th world collective
+  (it sleeps instead, a non-communication hang), or with ``--hang-sub-step K`` its first
+  sub-group collective of step K; its peers wait until the gloo timeout fires;
+* ``straggler``: rank ``--bad-rank`` sleeps ``--late-ms`` before every collective.
+
+Every rank dumps its recorder with PyTorch's own APIs, as pickle (``_dump_fr_trace``,
+written to ``comm_lib_trace_rank_<rank>``, the default file name) and as JSON
+(``_dump_fr_trace_json``, to ``comm_lib_trace_rank_<rank>.json``), at chosen moments:
+
+* ``healthy`` / ``straggler``: ``mid/`` at a common wall-clock moment while the job
+  runs, ``end/`` after each rank's last collective;
+* ``hang``: ``during/`` ``--dump-after`` seconds after the ranks reach the hang,
+  ``after_timeout/`` once the timeout has fired on the waiting ranks (the hung rank
+  dumps at the same moment, still asleep).
+
+The capture writes ``capture.json`` beside the dumps: the torch version, the case,
+its parameters, the groups, and each file's mtime (git does not keep mtimes; the dump
+time is not written inside a dump, so readers use the file's mtime).
+
+Needs torch (not a c4stream dependency): run it from a virtualenv of its own, e.g.::
+
+    python3 -m venv ~/torchvenv && ~/torchvenv/bin/pip install torch
+    ~/torchvenv/bin/python tools/fr_capture/capture.py hang --out /tmp/fr/hang
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+
+def _groups(world: int) -> list[list[int]]:
+    """Sub-groups: consecutive pairs, plus the even ranks when there are four or more."""
+    pairs = [[r, r + 1] for r in range(0, world - 1, 2)]
+    evens = [list(range(0, world, 2))] if world >= 4 else []
+    return pairs + evens
+
+
+def _dump(prefix: Path, rank: int) -> None:
+    # Both formats through PyTorch's own dump APIs, written as <prefix><rank> (pickle,
+    # the name the watchdog's file writer uses) and <prefix><rank>.json. Not through
+    # _dump_fr_trace_file: its writer fixes TORCH_FR_DUMP_TEMP_FILE at first use, so a
+    # second dump to another directory would overwrite the first.
+    import torch._C._distributed_c10d as c10d  # torch is optional: only this tool needs it
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{prefix}{rank}").write_bytes(c10d._dump_fr_trace(includeStackTraces=False))
+    Path(f"{prefix}{rank}.json").write_bytes(c10d._dump_fr_trace_json())
+
+
+def _worker(args: argparse.Namespace, rank: int) -> None:
+    import torch  # optional dependency of this tool only
+    import torch.distributed as dist
+
+    out = Path(args.out)
+    name = "comm_lib_trace_rank_"
+    store = dist.TCPStore("127.0.0.1", args.port, args.world, rank == 0, timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=args.world,
+        timeout=timedelta(seconds=args.timeout),
+    )  # fmt: skip
+    world = dist.group.WORLD
+    subs = [dist.new_group(g, timeout=timedelta(seconds=args.timeout)) for g in _groups(args.world)]
+    mine = [(g, members) for g, members in zip(subs, _groups(args.world), strict=True)
+            if rank in members]  # fmt: skip
+    rng = random.Random(rank)
+    x = torch.ones(args.elems)
+    small = torch.ones(8)
+
+    # Mid-run dump: all ranks at one wall-clock moment (one host, one clock).
+    t_mid = float(store.get("t_mid").decode()) if rank else time.time() + args.mid_s
+    if rank == 0:
+        store.set("t_mid", repr(t_mid))
+    if args.case != "hang":
+        threading.Thread(
+            target=lambda: (
+                time.sleep(max(0.0, t_mid - time.time())),
+                _dump(out / "mid" / name, rank),
+            ),
+            daemon=True,
+        ).start()
+
+    def late() -> None:
+        if args.case == "straggler" and rank == args.bad_rank:
+            time.sleep(args.late_ms / 1000)
+
+    def hang_here() -> None:
+        # The fault: this rank stops before a collective (a stuck kernel, a data-loader
+        # deadlock ...). Dump while its peers wait, and again after their timeout fired,
+        # at the moments the peers dump too.
+        time.sleep(args.dump_after)
+        _dump(out / "during" / name, rank)
+        time.sleep(args.timeout - args.dump_after + args.after_timeout_s)
+        _dump(out / "after_timeout" / name, rank)
+        time.sleep(1.0)
+        os._exit(0)
+
+    def dump_during_later() -> None:
+        threading.Thread(
+            target=lambda: (time.sleep(args.dump_after), _dump(out / "during" / name, rank)),
+            daemon=True,
+        ).start()
+
+    def run(op: Callable[[], object]) -> None:
+        try:
+            op()
+        except RuntimeError as err:  # the gloo timeout of the hung collective
+            print(f"rank {rank}: {type(err).__name__}: {str(err)[:160]}", file=sys.stderr)
+            time.sleep(max(0.0, args.after_timeout_s - 0.5))
+            _dump(out / "after_timeout" / name, rank)
+            time.sleep(1.0)
+            os._exit(0)
+
+    hang = args.case == "hang"
+    n_world = 0
+    for step in range(1, args.steps + 1):
+        time.sleep(args.compute_ms / 1000 * (0.8 + 0.4 * rng.random()))  # "compute"
+        for kind in ("all_reduce", "broadcast", "all_gather"):
+            n_world += 1
+            if hang and not args.hang_sub_step and n_world == args.hang_at:
+                if rank == args.bad_rank:
+                    hang_here()
+                dump_during_later()
+            late()
+            if kind == "all_reduce":
+                run(lambda: dist.all_reduce(x, group=world))
+            elif kind == "broadcast":
+                run(lambda: dist.broadcast(small, src=0, group=world))
+            else:
+                run(lambda: dist.all_gather([torch.empty_like(small) for _ in range(args.world)],
+                                            small))  # fmt: skip
+        if hang and step == args.hang_sub_step:  # the fault before a sub-group collective
+            if rank == args.bad_rank:
+                hang_here()
+            dump_during_later()
+        for g, members in mine:
+            late()
+            run(lambda g=g: dist.all_reduce(small, group=g))
+            late()
+            run(lambda g=g, m=members: dist.all_gather([torch.empty_like(small) for _ in m],
+                                                       small, group=g))  # fmt: skip
+    _dump(out / "end" / name, rank)
+    dist.destroy_process_group()
+
+
+def _manifest(args: argparse.Namespace) -> None:
+    import torch  # optional dependency of this tool only
+
+    out = Path(args.out)
+    files = {
+        str(p.relative_to(out)): p.stat().st_mtime_ns
+        for p in sorted(out.rglob("comm_lib_trace_rank_*"))
+    }
+    meta = {
+        "torch": torch.__version__,
+        "backend": "gloo",
+        "case": args.case,
+        "world": args.world,
+        "groups": [list(range(args.world)), *_groups(args.world)],
+        "collectives_per_step": {"world": ["all_reduce", "broadcast", "all_gather"],
+                                 "sub_groups": ["all_reduce", "all_gather"]},
+        "steps": args.steps,
+        "compute_ms": args.compute_ms,
+        "timeout_s": args.timeout,
+        "bad_rank": args.bad_rank if args.case != "healthy" else None,
+        "hang_at_world_collective": args.hang_at
+        if args.case == "hang" and not args.hang_sub_step
+        else None,
+        "hang_at_sub_group_step": args.hang_sub_step or None,
+        "dump_after_s": args.dump_after if args.case == "hang" else None,
+        "late_ms": args.late_ms if args.case == "straggler" else None,
+        "file_mtime_ns": files,
+    }  # fmt: skip
+    (out / "capture.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("case", choices=["healthy", "hang", "straggler"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--compute-ms", type=float, default=10.0)
+    ap.add_argument("--elems", type=int, default=4096)
+    ap.add_argument("--bad-rank", type=int, default=2)
+    ap.add_argument(
+        "--hang-at", type=int, default=61, help="world collective (1-based) never entered"
+    )
+    ap.add_argument(
+        "--hang-sub-step",
+        type=int,
+        default=0,
+        help="instead: hang before the rank's first sub-group collective of this step (1-based)",
+    )
+    ap.add_argument("--late-ms", type=float, default=60.0)
+    ap.add_argument("--timeout", type=float, default=8.0, help="gloo timeout, s")
+    ap.add_argument("--dump-after", type=float, default=4.0, help="s into the hang")
+    ap.add_argument("--after-timeout-s", type=float, default=1.0)
+    ap.add_argument("--mid-s", type=float, default=1.5, help="mid-run dump, s after start")
+    ap.add_argument("--port", type=int, default=29517)
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker is not None:
+        _worker(args, args.worker)
+        return
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
+    procs = [
+        subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--worker", str(r)], env=env)
+        for r in range(args.world)
+    ]
+    deadline = time.time() + 120  # bounded: a capture never runs away
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+    _manifest(args)
+
+
+if __name__ == "__main__":
+    main()
