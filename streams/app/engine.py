@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from producers.events import Event
 from streams.commands import IsolationCommand

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka.admin import AdminClient
+
 __all__ = [
     "EXIT_BROKER_UNREACHABLE",
     "EXIT_STOP_TIMEOUT",
@@ -46,8 +48,6 @@ Probe = Callable[[float], None]
 def kafka_probe(conf: dict[str, Any]) -> Probe:
     """A metadata request through confluent-kafka with the service's own settings
     (bootstrap, TLS, SASL): the same question a client asks first."""
-    from confluent_kafka.admin import AdminClient  # loaded with the worker only
-
     # librdkafka's own log lines (a failed connect each retry) go through Python
     # logging, so the repeated-line limit applies to them too.
     admin = AdminClient(conf, logger=logging.getLogger("c4stream.broker_watch"))
