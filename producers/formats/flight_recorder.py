@@ -72,6 +72,7 @@ from typing import Any
 import msgspec
 
 from producers.events import Event, OpEvent, ProgressEvent
+from producers.guard import host_problem
 from producers.traces import BadLine
 
 __all__ = [
@@ -344,6 +345,8 @@ def dump_to_events(
     """
     rank = _int(dump.get("rank"), rank) or rank
     host = host or str(dump.get("hostname") or f"host-rank{rank}")
+    if (bad_host := host_problem(host)) is not None:  # refused here, not downstream
+        raise FlightRecorderError(bad_host)
     entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict)]
     pg_config = dump.get("pg_config") or {}
     pg_status = dump.get("pg_status") or {}

@@ -218,3 +218,16 @@ def test_file_readers_survive_deep_nesting(tmp_path) -> None:
         parse_inspector_line(deep, job="j")
     with pytest.raises(FlightRecorderError):
         load_flight_recorder_dump(f)
+
+
+def test_readers_refuse_host_names_at_the_source() -> None:
+    line = (
+        b'{"header":{"id":"0x1","rank":0,"n_ranks":2,"nranks":2},'
+        b'"metadata":{"inspector_output_format_version":"v4.0","git_rev":"x",'
+        b'"rec_mechanism":"profiler_api","dump_timestamp_us":1,"hostname":"--all","pid":1},'
+        b'"coll_perf":{"coll":"AllReduce","coll_sn":1,"coll_msg_size_bytes":8,'
+        b'"coll_exec_time_us":1.0,"coll_timing_source":"kernel_gpu","coll_algobw_gbs":1.0,'
+        b'"coll_busbw_gbs":1.0}}'
+    )
+    with pytest.raises(InspectorError, match="RFC 1123"):
+        parse_inspector_line(line, job="j")
