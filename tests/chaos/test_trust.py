@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from c4base.kafka import KafkaConfig
-from sinks.actuator.backends import ActionOutcome
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.consumer import Actuator
 from sinks.actuator.ledger import Ledger
 from streams.app.faust_app import WorkerSecurityError, worker_credentials
 from streams.app.settings import WorkerConfig
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command, encode_command
+from tests.chaos.harness import Recording
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,23 +97,6 @@ def test_worker_refuses_sasl_passwords_over_plaintext_by_accident() -> None:
 
 
 # ------------------------------------------------------------------ forged commands
-
-
-class Recording:
-    """A backend that records what it was asked to do (the Kubernetes/command backends
-    have their own tests; here only the actuator's rules matter)."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.applied: list[str] = []
-
-    def describe(self, cmd: IsolationCommand) -> str:
-        return f"cordon {cmd.host}"
-
-    def apply(self, cmd: IsolationCommand) -> ActionOutcome:
-        self.applied.append(cmd.host)
-        return ActionOutcome(changed=True, detail=f"cordoned {cmd.host}")
 
 
 def cmd(**kw: object) -> IsolationCommand:
