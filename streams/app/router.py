@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from c4base.deadletter import DeadLetter
-from producers.events import Event, EventDecodeError, ProgressEvent, decode_message
+from producers.events import Event, EventDecodeError, OpEvent, ProgressEvent, decode_message
 from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES, BoundsError, check_bounds
 from streams.app.checkpoint import CheckpointSchedule
 from streams.app.deadletter import Record, dead_letter
@@ -188,6 +188,8 @@ class CommRouter:
         self._accepted_at: dict[int, float] = {}
         """Partition -> wall time (``clock``) of the last message accepted."""
         self._progress: dict[str, dict[int, tuple[int, int]]] = {}
+        self._ops: dict[str, dict[tuple[int, str], tuple[int, float]]] = {}
+        """Communicator -> (rank, op) -> (seq, exec_us) of its newest completed op."""
         """Communicator -> rank -> (started, completed) of its newest heartbeat."""
         self.contested: dict[str, tuple[int, str]] = {}
         """Communicator -> (event time until which its verdicts are alert-only, why)."""
@@ -264,6 +266,8 @@ class CommRouter:
                 self.sizes.setdefault(ev.comm, ev.nranks)
                 if isinstance(ev, ProgressEvent):
                     self._check_counters(ev)
+                else:
+                    self._check_op(ev)
             top = max(ev.ts_us for ev in events)
             end = self._slice_end.get(p)
             if end is None or top >= end:
@@ -370,9 +374,33 @@ class CommRouter:
                 f"rank {ev.rank}'s heartbeat went back from started {last[0]}/completed "
                 f"{last[1]} to {ev.started}/{ev.completed}: two sources report for it"
             )
-            if ev.comm not in self.contested:
-                log.warning("communicator %s contested: %s", ev.comm, why)
-            self.contested[ev.comm] = (ev.ts_us + self.limits.contested_hold_us, why)
+            self._contest(ev.comm, ev.ts_us, why)
+
+    def _check_op(self, ev: OpEvent) -> None:
+        """The same for completed ops: per rank and op, ``seq`` only grows, and one
+        collective has one duration. A re-sent message repeats both exactly; a second
+        source (a forged straggler pattern) contradicts the real one in either."""
+        ops = self._ops.setdefault(ev.comm, {})
+        key = (ev.rank, ev.op)
+        last = ops.get(key)
+        if last is None or ev.seq > last[0]:
+            ops[key] = (ev.seq, ev.exec_us)
+            return
+        if ev.seq < last[0]:
+            self._contest(ev.comm, ev.ts_us,
+                          f"rank {ev.rank}'s {ev.op} went back from seq {last[0]} to {ev.seq}: "
+                          "two sources report for it")  # fmt: skip
+        elif ev.exec_us != last[1]:
+            why = (
+                f"rank {ev.rank}'s {ev.op} seq {ev.seq} reported twice with different "
+                f"durations ({last[1]} and {ev.exec_us} us): two sources report for it"
+            )
+            self._contest(ev.comm, ev.ts_us, why)
+
+    def _contest(self, comm: str, ts_us: int, why: str) -> None:
+        if comm not in self.contested:
+            log.warning("communicator %s contested: %s", comm, why)
+        self.contested[comm] = (ts_us + self.limits.contested_hold_us, why)
 
     def _uncontested(self, comm: str, verdicts: list[Verdict]) -> list[Verdict]:
         """``verdicts`` of ``comm``, made alert-only while its evidence is contested."""
@@ -506,6 +534,7 @@ class CommRouter:
                 self.schedule.forget(comm)
                 self.sizes.pop(comm, None)
                 self._progress.pop(comm, None)
+                self._ops.pop(comm, None)
                 self.contested.pop(comm, None)
             for p in partitions or set(self.clock_us):
                 self.clock_us.pop(p, None)

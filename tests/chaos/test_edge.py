@@ -231,3 +231,15 @@ def test_readers_refuse_host_names_at_the_source() -> None:
     )
     with pytest.raises(InspectorError, match="RFC 1123"):
         parse_inspector_line(line, job="j")
+
+
+def test_an_op_reported_twice_with_different_durations_contests_its_communicator() -> None:
+    r = router()
+    same = encode_message([ev(1, seq=5, exec_us=10.0)])
+    feed(r, same, same)  # a re-sent message repeats itself exactly: no contradiction
+    assert r.contested == {}
+    feed(r, encode_message([ev(1, seq=5, exec_us=900.0)]))  # a forged straggler pattern
+    assert "two sources report for it" in r.contested["0xa"][1]
+    r2 = router()
+    feed(r2, encode_message([ev(1, seq=9)]), encode_message([ev(1, seq=6)]))
+    assert "went back from seq 9 to 6" in r2.contested["0xa"][1]

@@ -35,20 +35,16 @@ from tests.chaos.harness import (
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos_long]
 
 
-def through(w: WorkerProcess, last_ts: int, timeout: float = 90) -> dict:
-    """Until a partition's clock reached the end of the trace, or (a restarted worker
-    with nothing left to read) nothing new was read for 6 s."""
-    seen: list[tuple[float, int]] = []
-
-    def done(s: dict) -> bool:
-        if s.get("clock_us") and max(s["clock_us"].values()) >= last_ts:
-            return True
-        n = s["detect"]["messages"]
-        if not seen or seen[-1][1] != n:
-            seen.append((time.monotonic(), n))
-        return time.monotonic() - seen[-1][0] >= 6
-
-    return w.wait_for(done, timeout, "through the trace")
+def through(w: WorkerProcess, bootstrap: str, topic: str, timeout: float = 90) -> dict:
+    """Until the worker's group has committed every message of ``topic`` as processed
+    (Faust commits after processing, every second)."""
+    group = w.config.group_id()
+    deadline = time.monotonic() + timeout
+    while unconsumed(bootstrap, group, topic) > 0:
+        if w.proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"worker not through {topic}:\n{w.log_tail()}")
+        time.sleep(1.0)
+    return w.status()
 
 
 @pytest.mark.timeout(300)
@@ -56,7 +52,6 @@ def through(w: WorkerProcess, last_ts: int, timeout: float = 90) -> dict:
 def test_worker_sigkill_around_a_decision(kafka_bootstrap: str, tmp_path: Path, when: str) -> None:
     good = trace()
     msgs = as_messages(good)
-    last_ts = max(e.ts_us for b in good for e in b)
     t0 = min(e.ts_us for b in good for e in b)
     cfg = worker_config(kafka_bootstrap, tmp_path / "w")
     topics = cfg.topics()
@@ -91,7 +86,7 @@ def test_worker_sigkill_around_a_decision(kafka_bootstrap: str, tmp_path: Path, 
         w.wait_ready(90)
         if rest:
             produce(kafka_bootstrap, topics.events, rest)
-        through(w, last_ts)
+        through(w, kafka_bootstrap, topics.events)
         time.sleep(3)  # anything else the worker would decide arrives too
         assert w.stop() == 0
     finally:
@@ -123,7 +118,6 @@ def test_worker_sigkill_around_a_decision(kafka_bootstrap: str, tmp_path: Path, 
 def test_broker_stop_and_start_mid_stream(tmp_path: Path) -> None:
     good = trace()
     msgs = as_messages(good)
-    last_ts = max(e.ts_us for b in good for e in b)
     broker = LocalKafka(data_dir=tmp_path / "kafka")
     broker.start()
     try:
@@ -140,7 +134,7 @@ def test_broker_stop_and_start_mid_stream(tmp_path: Path) -> None:
             broker.start()
             assert broker.bootstrap == bootstrap
             produce(bootstrap, topics.events, msgs[half:])
-            st = through(w, last_ts, 120)
+            st = through(w, bootstrap, topics.events, 120)
             time.sleep(3)
             st = w.status()
             pid_same = w.proc.poll() is None
