@@ -31,7 +31,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-__all__ = ["OUTCOMES", "Metrics", "MetricsConfig"]
+__all__ = ["OUTCOMES", "Metrics", "MetricsConfig", "MetricsLike", "NullMetrics"]
 
 #: ``c4stream_sink_actions_total`` outcomes each stage reports (exported at 0 from start).
 OUTCOMES: dict[str, tuple[str, ...]] = {
@@ -111,3 +111,47 @@ class Metrics:
             return None
         server, _ = start_http_server(config.port, addr=config.host, registry=self.registry)
         return int(server.server_port)
+
+
+class _NullChild:
+    """A metric child that records nothing."""
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+class _NullFamily:
+    _child = _NullChild()
+
+    def labels(self, *args: str, **kwargs: str) -> _NullChild:
+        return self._child
+
+    def remove(self, *labels: str) -> None:
+        pass
+
+
+class NullMetrics:
+    """Same families as :class:`Metrics`, recording nothing: code that counts takes one
+    of the two and never asks whether metrics are on.
+
+    >>> NullMetrics().deadletters.labels(stage="x").inc()
+    """
+
+    def __init__(self) -> None:
+        null = _NullFamily()
+        self.events_in = self.messages_in = self.deadletters = null
+        self.verdicts = self.isolations = self.actions = null
+        self.consumer_lag = self.latency = null
+
+    def render(self) -> bytes:
+        return b""
+
+
+MetricsLike = Metrics | NullMetrics
+"""What services count into: real families or the null object."""

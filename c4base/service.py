@@ -1,8 +1,9 @@
 """What every long-running service sets up the same way: its settings, logs and metrics.
 
-Each service command (``exporter``, ``actuate``, ``alert``, ``archive``) has the same
-operations flags — ``--config FILE``, ``--metrics-port``, ``--metrics-host``,
-``--log-level``, ``--log-json`` — and calls :func:`start_service` once, which reads
+Each service command (``exporter``, ``worker``, ``actuate``, ``alert``, ``archive``) has
+the same operations flags, declared once in :mod:`c4base.cli_options` — ``--config
+FILE``, ``--bootstrap``, ``--metrics-port``, ``--metrics-host``, ``--log-level``,
+``--log-json`` — and calls :func:`start_service` once, which reads
 ``[log]`` and ``[metrics]`` from the file (flags win), configures logging for the whole
 process and starts the ``/metrics`` endpoint (off unless a port is set; 127.0.0.1
 unless told otherwise).
@@ -33,11 +34,6 @@ METRICS_FLAGS = {"metrics_port": "port", "metrics_host": "host"}
 """Option parameter → key of ``[metrics]``."""
 LOG_FLAGS = {"log_level": "level", "log_json": "json"}
 """Option parameter → key of ``[log]``."""
-
-METRICS_PORT_HELP = "Serve Prometheus /metrics on this port (0: off; default: the metrics table)."
-METRICS_HOST_HELP = "Address of /metrics: 127.0.0.1 unless inside a pod (0.0.0.0)."
-LOG_JSON_HELP = "One JSON object per log line (for log shippers); default plain text."
-CONFIG_HELP = "c4stream.toml: [kafka], this service's table, [metrics], [log]; flags win."
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,20 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from c4base.config import KAFKA_SECTION, flag_overrides, load_section
+from c4base.cli_options import (
+    Bootstrap,
+    Key,
+    LogJson,
+    LogLevel,
+    MetricsHost,
+    MetricsPort,
+    config_file,
+    fail,
+    given,
+)
+from c4base.config import KAFKA_SECTION, load_section
 from c4base.kafka import KafkaConfig
-from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.service import start_service
 from c4base.settings_loader import SettingsError
 from producers.exporter import ExporterConfig, run_exporter
 from producers.exporter.core import EXPORTER_SECTION
@@ -22,6 +33,8 @@ from producers.replay import replay as run_replay
 from producers.simulator.cli_impl import list_scenarios, resolve_config, run
 from producers.simulator.config import SimConfigError
 from producers.sources import SourceError
+
+ConfigFile = config_file("[kafka], [exporter]")
 
 
 def simulate(
@@ -46,8 +59,7 @@ def simulate(
         cfg = resolve_config(scenario, config, gpus, duration, seed)
         run(cfg, out, truth, console, progress)
     except SimConfigError as err:
-        typer.echo(f"c4stream simulate: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail("simulate", err, 2)
 
 
 _BOOTSTRAP_HELP = "Kafka host:port (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)"
@@ -60,68 +72,57 @@ def exporter(
         typer.Option(
             "--dir", help="NCCL Inspector dump directory to follow ([exporter].directory)"
         ),
+        Key("directory"),
     ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="c4stream.toml ([kafka], [exporter]); flags win over it"),
-    ] = None,
-    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=_BOOTSTRAP_HELP)] = None,
+    config: ConfigFile = None,
+    bootstrap: Bootstrap = None,
     interval: Annotated[
-        float, typer.Option("--interval", help="seconds per batch per communicator")
+        float,
+        typer.Option("--interval", help="seconds per batch per communicator"),
+        Key("interval_s"),
     ] = 1.0,
     state_file: Annotated[
         Path | None,
         typer.Option("--state-file", help="file positions: a restart neither loses nor repeats"),
+        Key("state_file"),
     ] = None,
     topic: Annotated[
-        str, typer.Option("--topic", help="events topic (default: c4.events after the prefix)")
+        str,
+        typer.Option("--topic", help="events topic (default: c4.events after the prefix)"),
+        Key("events_topic"),
     ] = "",
     deadletter_topic: Annotated[
-        str, typer.Option("--deadletter-topic", help="default: c4.deadletter after the prefix")
+        str,
+        typer.Option("--deadletter-topic", help="default: c4.deadletter after the prefix"),
+        Key("deadletter_topic"),
     ] = "",
     job: Annotated[
-        str | None, typer.Option("--job", help="job id (default: from the dir name)")
+        str | None, typer.Option("--job", help="job id (default: from the dir name)"), Key("job")
     ] = None,
-    pattern: Annotated[str, typer.Option("--pattern", help="file names to follow")] = "*.log",
-    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
-    metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
-    ] = "127.0.0.1",
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
-    log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
+    pattern: Annotated[
+        str, typer.Option("--pattern", help="file names to follow"), Key("pattern")
+    ] = "*.log",
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
+    log_level: LogLevel = None,
+    log_json: LogJson = False,
 ) -> None:
     """Follow an NCCL Inspector dump directory and publish its events to Kafka."""
     # Flags given on the command line win over [exporter]; [exporter] over the defaults.
-    flags = flag_overrides(ctx, _EXPORTER_FLAGS)
+    flags = given(ctx, exporter)
     try:
         svc = start_service(config, ctx, stage="exporter")
         cfg: ExporterConfig = load_section("exporter", EXPORTER_SECTION, config, overrides=flags)
     except SettingsError as err:
         if directory is None and "`directory`" in str(err):
-            raise typer.BadParameter(
-                "--dir DIR (or [exporter] directory = DIR in --config) is required",
-                param_hint="--dir",
-            ) from None
-        raise typer.BadParameter(str(err), param_hint="--config") from None
+            fail("exporter", "--dir DIR (or [exporter] directory = DIR in --config) is required", 2)
+        fail("exporter", err, 2)
     stats = run_exporter(cfg, metrics=svc.metrics)
     Console(stderr=True).print(
         f"exporter stopped: {stats.lines} lines, {stats.events} events, "
         f"{stats.delivered}/{stats.messages} messages acknowledged, "
         f"{stats.deadletters} dead letters"
     )
-
-
-#: Option parameter -> key of the [exporter] table.
-_EXPORTER_FLAGS = {
-    "directory": "directory",
-    "bootstrap": "kafka.bootstrap",
-    "interval": "interval_s",
-    "state_file": "state_file",
-    "topic": "events_topic",
-    "deadletter_topic": "deadletter_topic",
-    "job": "job",
-    "pattern": "pattern",
-}
 
 
 def replay(
@@ -153,12 +154,12 @@ def replay(
     try:
         pace = parse_speed(speed)
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--speed") from None
+        fail("replay", f"--speed: {err}", 2)
     try:
         over = {"bootstrap": bootstrap} if bootstrap else None
         kafka: KafkaConfig = load_section("kafka", KAFKA_SECTION, config, overrides=over)
     except SettingsError as err:
-        raise typer.BadParameter(str(err), param_hint="--config") from None
+        fail("replay", err, 2)
     cfg = ReplayConfig(
         kafka=kafka,
         events_topic=topic,
@@ -170,8 +171,7 @@ def replay(
     try:
         stats = run_replay(traces, cfg)
     except SourceError as err:
-        typer.echo(f"c4stream replay: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail("replay", err, 2)
     rate = stats.events / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
     console.print(
         f"replayed {stats.messages} messages, {stats.events} events, {stats.bad} bad "

@@ -12,13 +12,25 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.cli_options import (
+    Bootstrap,
+    LogJson,
+    LogLevel,
+    MetricsHost,
+    MetricsPort,
+    TopicPrefix,
+    config_file,
+    fail,
+)
+from c4base.service import start_service
 from c4base.settings_loader import SettingsError
 from streams.app.settings import WorkerConfigError, load_worker_config
 from streams.app.topics_admin import TopicSetupError
 from streams.core import PolicyConfig
 from streams.detect import DetectInputError, run_detect, summary_table
 from streams.worker import run_worker
+
+ConfigFile = config_file("[kafka], [worker]")
 
 
 def register(app: typer.Typer) -> None:
@@ -29,25 +41,16 @@ def register(app: typer.Typer) -> None:
 
 def worker(
     ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="c4stream.toml ([kafka], [worker]); flags win over it."),
-    ] = None,
-    bootstrap: Annotated[
-        str | None, typer.Option("--bootstrap", help="Kafka host:port (overrides the file).")
-    ] = None,
-    topic_prefix: Annotated[
-        str | None, typer.Option("--topic-prefix", help="Prefix of every topic name.")
-    ] = None,
+    config: ConfigFile = None,
+    bootstrap: Bootstrap = None,
+    topic_prefix: TopicPrefix = None,
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="Faust data dir and status.json.")
     ] = None,
-    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
-    metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
-    ] = "127.0.0.1",
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
-    log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
+    log_level: LogLevel = None,
+    log_json: LogJson = False,
 ) -> None:
     """Run the Faust worker: c4.events -> verdicts -> c4.isolations, until SIGINT/SIGTERM.
 
@@ -65,8 +68,7 @@ def worker(
         svc = start_service(config, ctx, stage="worker")
         code = run_worker(cfg, metrics=svc.metrics, own_logging=True)
     except (WorkerConfigError, SettingsError, TopicSetupError, ValueError) as err:
-        typer.echo(f"c4stream worker: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail("worker", err, 2)
     raise typer.Exit(code)
 
 
@@ -110,8 +112,7 @@ def detect(
     try:
         res = run_detect(traces, out, policy=policy, on_bad=on_bad)
     except DetectInputError as e:
-        typer.echo(f"c4stream detect: {e}", err=True)
-        raise typer.Exit(2) from None
+        fail("detect", e, 2)
     if not quiet:
         Console(width=None if sys.stdout.isatty() else 200).print(summary_table(res))
     typer.echo(

@@ -9,7 +9,6 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from c4base.config import flag_overrides
 from c4base.settings_loader import SettingsError
 from c4stream.cli import app
 from c4stream.config import check_config, load_section
@@ -147,7 +146,8 @@ def _ctx(command: str, argv: list[str]):
 
 
 def test_flags_win_over_the_file_which_wins_over_defaults(tmp_path: Path) -> None:
-    from sinks.actuator.cli import _FLAG_KEYS
+    from c4base.cli_options import given
+    from sinks.actuator.cli import actuate
 
     cfg_file = tmp_path / "c4stream.toml"
     cfg_file.write_text(
@@ -155,8 +155,13 @@ def test_flags_win_over_the_file_which_wins_over_defaults(tmp_path: Path) -> Non
         '[actuator]\ngroup = "from-file"\nbackend = "command"\nattempts = 7\n'
     )
     ctx = _ctx("actuate", ["--config", str(cfg_file), "--group", "from-flag", "--deny", "a,b"])
-    flags = flag_overrides(ctx, _FLAG_KEYS, deny=["a", "b"])
+    flags = given(ctx, actuate, deny=["a", "b"])
     assert flags == {"group": "from-flag", "deny": ["a", "b"]}  # defaults are not flags
+    # The option declarations carry their config keys: no hand-written table.
+    assert given(_ctx("actuate", ["--attempts", "2", "-b", "h:1"]), actuate) == {
+        "attempts": 2,
+        "kafka.bootstrap": "h:1",
+    }
     cfg = load_section("actuator", cfg_file, env={}, overrides=flags)
     assert cfg.group == "from-flag"  # flag > file
     assert cfg.attempts == 7 and cfg.backend == "command"  # file > default
@@ -166,14 +171,15 @@ def test_flags_win_over_the_file_which_wins_over_defaults(tmp_path: Path) -> Non
 
 
 def test_exporter_directory_from_file_or_flag(tmp_path: Path) -> None:
-    from producers.cli import _EXPORTER_FLAGS
+    from c4base.cli_options import given
+    from producers.cli import exporter
 
     f = tmp_path / "c4.toml"
     f.write_text('[exporter]\ndirectory = "/from/file"\ninterval_s = 0.5\n')
     cfg = load_section("exporter", f, env={})
     assert str(cfg.directory) == "/from/file" and cfg.interval_s == 0.5
     ctx = _ctx("exporter", ["--config", str(f), "--dir", "/from/flag"])
-    cfg = load_section("exporter", f, env={}, overrides=flag_overrides(ctx, _EXPORTER_FLAGS))
+    cfg = load_section("exporter", f, env={}, overrides=given(ctx, exporter))
     assert str(cfg.directory) == "/from/flag" and cfg.interval_s == 0.5
 
 

@@ -36,6 +36,9 @@ from streams.scoring import component_label, score_commands, truth_faults
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
+ALERTS_SETTLE_S = 5.0
+"""After the last decision, wait at most this long for its chat post."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class DemoConfig:
@@ -263,6 +266,13 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
             )
         watcher.stop()
         result.commands = list(watcher.commands)
+        # The alerter posts a decision a moment after the watcher sees it: give the
+        # chat posts naming every decided host a few seconds to arrive.
+        posted_by = time.monotonic() + ALERTS_SETTLE_S
+        while time.monotonic() < posted_by and not all(
+            c.host in str([a["body"] for a in chat.received]) for c in result.commands
+        ):
+            time.sleep(0.1)
         result.alerts = list(chat.received)
         console.print("stopping services and Kafka …")
 

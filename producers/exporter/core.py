@@ -33,7 +33,7 @@ from c4base.config import Section
 from c4base.consumer_lag import observe_latency
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
-from c4base.metrics import Metrics
+from c4base.metrics import MetricsLike, NullMetrics
 from c4base.topics import Topics
 from producers.events import encode_message
 from producers.exporter.positions import FilePosition, PositionStore
@@ -125,10 +125,10 @@ class Exporter:
         *,
         clock: Callable[[], float] = time.monotonic,
         publisher: Publisher | None = None,
-        metrics: Metrics | None = None,
+        metrics: MetricsLike | None = None,
     ) -> None:
         self.config = config
-        self.metrics = metrics
+        self.metrics = metrics or NullMetrics()
         self._counted = ExporterStats()
         self.job = config.job or inspector_job_from_dir(config.directory, default="unknown")
         self._clock = clock
@@ -236,7 +236,7 @@ class Exporter:
             if err is None:
                 self._inflight.discard(unit)
                 self.stats.delivered += 1
-                if self.metrics is not None and unit.ts_us:
+                if unit.ts_us:
                     observe_latency(self.metrics, STAGE, ts_us=unit.ts_us)
             else:
                 self.stats.delivery_errors += 1
@@ -294,8 +294,6 @@ class Exporter:
         Called once per loop step rather than per line: the hot path only bumps ints.
         """
         m = self.metrics
-        if m is None:
-            return
         s, c = self.stats, self._counted
         for counter, grew in (
             (m.messages_in.labels(stage=STAGE), s.lines - c.lines),

@@ -29,6 +29,9 @@ error                             what happens
 ``apply`` must be safe to repeat (the ledger makes a command act once, but a crash
 between the action and the ledger write repeats it): cordoning a cordoned node or
 draining a drained one changes nothing.
+
+The three errors are the shared runtime's classes (:mod:`c4base.runtime`: fatal,
+permanent, transient), so the consumer loop acts on them without knowing the backend.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from c4base.runtime import FatalError, PermanentError, TransientError
 from streams.commands import IsolationCommand
 
 __all__ = [
@@ -52,7 +56,7 @@ class ActuatorError(Exception):
     """Base of the actuator's errors."""
 
 
-class ActuatorConfigError(ActuatorError):
+class ActuatorConfigError(ActuatorError, FatalError):
     """The actuator is misconfigured (template, executable, kubeconfig, RBAC).
 
     Nothing was acted on and the offset was not committed. Fix the configuration
@@ -60,7 +64,7 @@ class ActuatorConfigError(ActuatorError):
     """
 
 
-class PermanentActionError(ActuatorError):
+class PermanentActionError(ActuatorError, PermanentError):
     """This command cannot be carried out (e.g. no such node); retrying will not help.
 
     The command goes to the dead-letter topic with this message as its reason. Fix
@@ -68,7 +72,7 @@ class PermanentActionError(ActuatorError):
     """
 
 
-class TransientActionError(ActuatorError):
+class TransientActionError(ActuatorError, TransientError):
     """The action failed this time (lost write races, server error, exit status, timeout).
 
     The consumer retries it a bounded number of times, then dead-letters it. The

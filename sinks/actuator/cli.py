@@ -16,10 +16,27 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from c4base.config import flag_overrides, load_section
-from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.cli_options import (
+    Bootstrap,
+    BrokerTimeout,
+    Group,
+    InstanceId,
+    Key,
+    LogJson,
+    LogLevel,
+    MetricsHost,
+    MetricsPort,
+    StatusFile,
+    TopicPrefix,
+    config_file,
+    fail,
+    given,
+)
+from c4base.config import load_section
+from c4base.runtime import FatalError
+from c4base.service import start_service
 from c4base.settings_loader import SettingsError
-from sinks.actuator.backends import ActuatorError
+from sinks.actuator.backends import ActuatorConfigError, ActuatorError
 from sinks.actuator.command_backend import CommandBackend
 from sinks.actuator.config import ACTUATOR_SECTION, DEFAULT_LEDGER, ActuatorConfig
 from sinks.actuator.consumer import run
@@ -29,6 +46,8 @@ from sinks.actuator.slurm_backend import SlurmBackend
 
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
+
+ConfigFile = config_file("[kafka], [actuator]")
 
 __all__ = ["actuate", "make_backend"]
 
@@ -62,19 +81,17 @@ class Effect(enum.StrEnum):
 
 def actuate(
     ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="c4stream.toml ([kafka], [actuator]); flags win over it."),
-    ] = None,
-    bootstrap: Annotated[
-        str, typer.Option("--bootstrap", "-b", help="Kafka bootstrap; KAFKA_BOOTSTRAP overrides.")
-    ] = "127.0.0.1:9092",
-    backend: Annotated[BackendName, typer.Option("--backend")] = BackendName.kubernetes,
+    config: ConfigFile = None,
+    bootstrap: Bootstrap = None,
+    backend: Annotated[
+        BackendName, typer.Option("--backend"), Key("backend")
+    ] = BackendName.kubernetes,
     execute: Annotated[
         bool,
         typer.Option(
             "--execute", help="Really act. Without it: log what would be done, do nothing."
         ),
+        Key("execute"),
     ] = False,
     deny: Annotated[
         list[str] | None,
@@ -82,6 +99,7 @@ def actuate(
             "--deny",
             help="Host never acted on; shell patterns allowed (login-*); repeat or comma-separate.",
         ),
+        Key("deny"),
     ] = None,
     ledger: Annotated[
         Path,
@@ -89,6 +107,7 @@ def actuate(
             "--ledger",
             help="SQLite file of command ids already acted on (keep it on a persistent disk).",
         ),
+        Key("ledger_path"),
     ] = Path(DEFAULT_LEDGER),
     command_template: Annotated[
         str | None,
@@ -97,25 +116,31 @@ def actuate(
             help="Command backend: argv template for cordon/cordon_and_taint; placeholders "
             "{host} {reason} {fault} {gpu} {nic} {id} {job} {action} {peer_host} {confidence}.",
         ),
+        Key("command.template"),
     ] = None,
     restart_command_template: Annotated[
         str | None,
         typer.Option(
             "--restart-command-template", help="Command backend: template for restart_job."
         ),
+        Key("command.restart_template"),
     ] = None,
     command_timeout: Annotated[
-        float, typer.Option("--command-timeout", help="Seconds before a command is killed.")
+        float,
+        typer.Option("--command-timeout", help="Seconds before a command is killed."),
+        Key("command.timeout_s"),
     ] = 30.0,
     slurm_conf: Annotated[
         str | None,
         typer.Option("--slurm-conf", help="Slurm backend: slurm.conf for scontrol (SLURM_CONF)."),
+        Key("slurm.slurm_conf"),
     ] = None,
     strip_domain: Annotated[
         bool,
         typer.Option(
             "--strip-domain", help="Node name = host name up to the first dot (n5.example → n5)."
         ),
+        Key("strip_domain"),
     ] = False,
     node_regex: Annotated[
         str | None,
@@ -124,6 +149,7 @@ def actuate(
             help="Regex searched in the host name; its group 'node' (or first group) is the "
             "node name.",
         ),
+        Key("node_regex"),
     ] = None,
     check: Annotated[
         bool,
@@ -134,52 +160,68 @@ def actuate(
         ),
     ] = False,
     kubeconfig: Annotated[
-        str | None, typer.Option("--kubeconfig", help="Default: $KUBECONFIG or ~/.kube/config.")
+        str | None,
+        typer.Option("--kubeconfig", help="Default: $KUBECONFIG or ~/.kube/config."),
+        Key("kubernetes.kubeconfig"),
     ] = None,
-    context: Annotated[str | None, typer.Option("--context", help="kubeconfig context.")] = None,
+    context: Annotated[
+        str | None, typer.Option("--context", help="kubeconfig context."), Key("kubernetes.context")
+    ] = None,
     in_cluster: Annotated[
         bool,
         typer.Option(
             "--in-cluster", help="Use the pod's service account (compose/k8s/rbac-actuator.yaml)."
         ),
+        Key("kubernetes.in_cluster"),
     ] = False,
-    taint_key: Annotated[str, typer.Option("--taint-key")] = "c4stream.io/fault",
+    taint_key: Annotated[
+        str, typer.Option("--taint-key"), Key("kubernetes.taint_key")
+    ] = "c4stream.io/fault",
     cordon_and_taint_effect: Annotated[
         Effect,
         typer.Option(
             "--cordon-and-taint-effect",
             help="Taint effect for cordon_and_taint (cordon uses NoSchedule).",
         ),
+        Key("kubernetes.cordon_and_taint_effect"),
     ] = Effect.NoExecute,
-    event_namespace: Annotated[str, typer.Option("--event-namespace")] = "default",
-    attempts: Annotated[int, typer.Option("--attempts", help="Tries of a failing action.")] = 3,
+    event_namespace: Annotated[
+        str, typer.Option("--event-namespace"), Key("kubernetes.event_namespace")
+    ] = "default",
+    attempts: Annotated[
+        int, typer.Option("--attempts", help="Tries of a failing action."), Key("attempts")
+    ] = 3,
     retry_backoff: Annotated[
-        float, typer.Option("--retry-backoff", help="First retry pause, s.")
+        float, typer.Option("--retry-backoff", help="First retry pause, s."), Key("retry_backoff_s")
     ] = 1.0,
-    group: Annotated[
-        str, typer.Option("--group", help="Kafka consumer group.")
-    ] = "c4stream-actuator",
-    topic_prefix: Annotated[str, typer.Option("--topic-prefix")] = "",
-    isolations_topic: Annotated[str | None, typer.Option("--isolations-topic")] = None,
-    deadletter_topic: Annotated[str | None, typer.Option("--deadletter-topic")] = None,
+    group: Group = None,
+    instance_id: InstanceId = None,
+    broker_timeout: BrokerTimeout = None,
+    status_file: StatusFile = None,
+    topic_prefix: TopicPrefix = None,
+    isolations_topic: Annotated[
+        str | None, typer.Option("--isolations-topic"), Key("isolations")
+    ] = None,
+    deadletter_topic: Annotated[
+        str | None, typer.Option("--deadletter-topic"), Key("deadletter")
+    ] = None,
     exit_when_idle: Annotated[
         float | None,
         typer.Option("--exit-when-idle", help="Stop after this many seconds without a message."),
+        Key("exit_when_idle_s"),
     ] = None,
-    max_messages: Annotated[int | None, typer.Option("--max-messages")] = None,
+    max_messages: Annotated[int | None, typer.Option("--max-messages"), Key("max_messages")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
-    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
-    metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
-    ] = "127.0.0.1",
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING…")] = "INFO",
-    log_json: Annotated[bool, typer.Option("--log-json", help=LOG_JSON_HELP)] = False,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
+    log_level: LogLevel = None,
+    log_json: LogJson = False,
 ) -> None:
 
     # Flags given on the command line win over the file; the file over the defaults.
-    flags = flag_overrides(
+    flags = given(
         ctx,
-        _FLAG_KEYS,
+        actuate,
         deny=[h.strip() for d in deny or () for h in d.split(",") if h.strip()],
     )
     try:
@@ -188,8 +230,7 @@ def actuate(
         )
         cfg: ActuatorConfig = load_section("actuator", ACTUATOR_SECTION, config, overrides=flags)
     except SettingsError as err:
-        typer.echo(f"c4stream actuate: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail("actuate", err, 2)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -201,8 +242,7 @@ def actuate(
             for line in be.check():
                 typer.echo(line)
         except ActuatorError as err:
-            typer.echo(f"c4stream actuate --check: FAILED: {err}", err=True)
-            raise typer.Exit(2) from None
+            fail("actuate --check", f"FAILED: {err}", 2)
         typer.echo(f"c4stream actuate --check: backend {be.name} ok")
         return
     signal.signal(signal.SIGTERM, on_signal)
@@ -214,42 +254,14 @@ def actuate(
                 svc.log.info("check: %s", line)
         with Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led:
             stats = run(cfg, be, led, stop=stop, metrics=svc.metrics)
-    except ActuatorError as err:
-        # Fatal for the service (permissions, configuration): stop loudly; the message
-        # at hand was not committed and is delivered again after the fix.
-        typer.echo(f"c4stream actuate: stopped: {err}", err=True)
-        raise typer.Exit(2) from None
+    except ActuatorConfigError as err:
+        # Permissions, configuration: fix and restart; the command at hand is delivered again.
+        fail("actuate", f"stopped: {err}", 2)
+    except FatalError as err:
+        # Fatal for the service (permissions, configuration, an undelivered dead letter,
+        # the broker gone): the message at hand was not committed; it is delivered again.
+        fail("actuate", f"stopped: {err}", 1)
     typer.echo(f"c4stream actuate: {stats}", err=True)
-
-
-#: Option parameter -> key of the [actuator] table.
-_FLAG_KEYS = {
-    "bootstrap": "kafka.bootstrap",
-    "topic_prefix": "kafka.topic_prefix",
-    "group": "group",
-    "backend": "backend",
-    "execute": "execute",
-    "deny": "deny",
-    "ledger": "ledger_path",
-    "attempts": "attempts",
-    "retry_backoff": "retry_backoff_s",
-    "exit_when_idle": "exit_when_idle_s",
-    "max_messages": "max_messages",
-    "isolations_topic": "isolations",
-    "deadletter_topic": "deadletter",
-    "kubeconfig": "kubernetes.kubeconfig",
-    "context": "kubernetes.context",
-    "in_cluster": "kubernetes.in_cluster",
-    "taint_key": "kubernetes.taint_key",
-    "cordon_and_taint_effect": "kubernetes.cordon_and_taint_effect",
-    "event_namespace": "kubernetes.event_namespace",
-    "command_template": "command.template",
-    "restart_command_template": "command.restart_template",
-    "command_timeout": "command.timeout_s",
-    "slurm_conf": "slurm.slurm_conf",
-    "strip_domain": "strip_domain",
-    "node_regex": "node_regex",
-}
 
 
 def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> Backend:

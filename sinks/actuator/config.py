@@ -132,6 +132,13 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retry_backoff_s: float = 1.0
     """First pause between tries; doubled each time, with jitter."""
     poll_timeout_s: float = 0.5
+    instance_id: str | None = None
+    """Static group membership (``group.instance.id``; default ``group@hostname``, ""
+    for dynamic): a restarted actuator takes its partition back at once."""
+    broker_timeout_s: float = 120.0
+    """Exit non-zero when the broker stays unreachable this long (0: never)."""
+    status_file: str = ""
+    """Write the actuator's status JSON here every second ("": no file)."""
     exit_when_idle_s: float | None = None
     """Stop after this long without a message (batch runs and tests); None: run on."""
     max_messages: int | None = None

@@ -14,7 +14,10 @@ safe repeats), and a crash after 3 never acts again. The isolations topic has on
 partition: commands are handled one at a time, in the order they were decided.
 
 :class:`Actuator` holds steps 2–3 and knows nothing of Kafka (tests call it directly);
-:func:`run` is the loop around it.
+:func:`run` puts it in the shared loop (:class:`~c4base.runtime.ConsumerRunner`), which
+does steps 1 and 4 for every sink the same way. The backends' errors are the runtime's
+classes: transient (retried here, boundedly, then dead-lettered), permanent (dead
+letter), fatal (stop, nothing committed).
 """
 
 from __future__ import annotations
@@ -28,10 +31,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from confluent_kafka import Producer
 
-from c4base.consumer_lag import LagMonitor, observe_latency
-from c4base.deadletter import DeadLetter
-from c4base.metrics import Metrics
+from c4base.consumer_lag import observe_latency
+from c4base.metrics import MetricsLike, NullMetrics
+from c4base.runtime import (
+    BaseHandler,
+    ConsumerRunner,
+    Context,
+    DeadLetterError,
+    PermanentError,
+    Record,
+    RunnerConfig,
+    TransientError,
+    kafka_logger,
+)
 from sinks.actuator.backends import (
     ActuatorConfigError,
     ActuatorError,
@@ -45,7 +59,16 @@ from sinks.actuator.outcomes import ActionReport, OutcomePublisher, new_report, 
 from sinks.actuator.policy import Decision, decide, fault_key
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
-__all__ = ["Actuator", "DeadLetterError", "Handled", "Interrupted", "RunStats", "run"]
+__all__ = [
+    "Actuator",
+    "ActuatorHandler",
+    "DeadLetterError",
+    "Handled",
+    "Interrupted",
+    "RunStats",
+    "report_for",
+    "run",
+]
 
 log = logging.getLogger("c4stream.actuator")
 
@@ -72,15 +95,7 @@ def report_for(cmd: IsolationCommand, h: Handled) -> ActionReport:
     )
 
 
-class DeadLetterError(ActuatorError):
-    """A dead letter could not be delivered to Kafka; the offset was not committed.
-
-    The actuator stops; the message is handled again when it restarts. Check the
-    broker and that the dead-letter topic exists.
-    """
-
-
-class Interrupted(ActuatorError):
+class Interrupted(ActuatorError, TransientError):
     """Asked to stop while retrying: the command is neither recorded nor committed, so it
     is delivered again after the restart."""
 
@@ -217,141 +232,103 @@ class Actuator:
         raise AssertionError("unreachable")
 
 
+class ActuatorHandler(BaseHandler):
+    """The actuator's part of the shared loop: decode, then :class:`Actuator`."""
+
+    def __init__(
+        self,
+        actuator: Actuator,
+        stats: RunStats,
+        metrics: MetricsLike,
+        outcomes: OutcomePublisher | None = None,
+    ) -> None:
+        self.actuator = actuator
+        self.stats = stats
+        self.metrics = metrics
+        self.outcomes = outcomes
+
+    def handle(self, rec: Record, ctx: Context) -> None:
+        self.stats.received += 1
+        try:
+            cmd = decode_command(rec.value)
+        except CommandDecodeError as err:
+            self.stats.invalid += 1
+            log.error("INVALID %s: %s (dead-lettered)", rec.source, err)
+            raise PermanentError(f"invalid isolation command: {err}") from None
+        self.metrics.isolations.labels(stage=STAGE, fault=cmd.fault, action=cmd.action).inc()
+        observe_latency(self.metrics, STAGE, ts_us=cmd.ts_us)
+        # ActuatorConfigError is a FatalError: the runner stops without committing.
+        handled = self.actuator.handle(cmd)
+        self.stats.count(handled)
+        self.metrics.actions.labels(stage=STAGE, outcome=_outcome(handled)).inc()
+        if self.outcomes is not None:
+            self.outcomes.publish(report_for(cmd, handled))  # best effort: the ledger has it
+        if handled.deadletter_reason is not None:
+            raise PermanentError(handled.deadletter_reason)
+
+    def status(self) -> dict[str, Any]:
+        return {"actuator": str(self.stats)}
+
+
 def run(
     cfg: ActuatorConfig,
     backend: Backend,
     ledger: Ledger,
     *,
     stop: threading.Event | None = None,
-    metrics: Metrics | None = None,
+    metrics: MetricsLike | None = None,
 ) -> RunStats:
     """Consume ``c4.isolations`` until ``stop``, idle timeout or ``max_messages``.
 
-    With ``metrics``: messages in, dead letters, isolations received (by fault and
-    action), sink actions (by outcome: the decision), consumer lag, processing latency.
+    The loop is the shared :class:`~c4base.runtime.ConsumerRunner`: each message is
+    decoded, decided, acted on and recorded, then committed (the dead letter of a
+    failed one delivered first). With ``metrics``: messages in, dead letters,
+    isolations received (by fault and action), sink actions (by outcome), latency.
 
-    Raises :class:`~sinks.actuator.backends.ActuatorConfigError` or
-    :class:`DeadLetterError` without committing the message at hand.
+    Raises :class:`~c4base.runtime.FatalError` (configuration, an undelivered dead
+    letter, broker unreachable past ``broker_timeout_s``) without committing the
+    message at hand.
     """
-    from confluent_kafka import Consumer, KafkaException, Message, Producer
-
     stop = stop or threading.Event()
-    actuator = Actuator(cfg, backend, ledger, stop=stop)
-    topic, dl_topic = cfg.isolations_topic(), cfg.deadletter_topic()
+    metrics = metrics or NullMetrics()
     stats = RunStats()
-    assigned_at: list[float] = []
-
-    def on_assign(consumer: Any, partitions: list[Any]) -> None:
-        assigned_at.append(time.monotonic())
-        log.info("assigned %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
-
-    consumer = Consumer(cfg.kafka.consumer_config(cfg.group))
-    producer: Producer | None = None
     outcomes = (
-        OutcomePublisher(Producer(cfg.kafka.producer_config()), cfg.actions_topic())
+        OutcomePublisher(
+            Producer(cfg.kafka.producer_config(logger=kafka_logger(STAGE))), cfg.actions_topic()
+        )
         if cfg.publish_outcomes
         else None
     )
-    lag = LagMonitor(consumer, metrics, STAGE) if metrics is not None else None
-
-    def dead_letter(msg: Message, reason: str) -> None:
-        nonlocal producer
-        if producer is None:
-            producer = Producer(cfg.kafka.producer_config(**{"linger.ms": 0}))
-        rec = DeadLetter.of(
-            msg.value() or b"",
-            reason=reason,
+    handler = ActuatorHandler(Actuator(cfg, backend, ledger, stop=stop), stats, metrics, outcomes)
+    runner = ConsumerRunner(
+        RunnerConfig(
             stage=STAGE,
-            source=f"{msg.topic()}[{msg.partition()}]@{msg.offset()}",
-            key=msg.key(),
-        )
-        errors: list[str] = []
-        delivered: list[bool] = []
-
-        def on_delivery(err: Any, _m: Any) -> None:
-            (errors.append(str(err)) if err else delivered.append(True))
-
-        producer.produce(dl_topic, rec.encode(), key=msg.key(), on_delivery=on_delivery)
-        producer.flush(30.0)
-        if not delivered:
-            raise DeadLetterError(
-                f"dead letter for {rec.source} not delivered to {dl_topic}: "
-                f"{errors[0] if errors else 'timed out after 30s'}"
-            )
-        if metrics is not None:
-            metrics.deadletters.labels(stage=STAGE).inc()
-
-    consumer.subscribe([topic], on_assign=on_assign)
+            topics=[cfg.isolations_topic()],
+            deadletter_topic=cfg.deadletter_topic(),
+            group=cfg.group,
+            kafka=cfg.kafka,
+            instance_id=cfg.instance_id,
+            batch_size=1,  # one command at a time, in the order they were decided
+            poll_timeout_s=cfg.poll_timeout_s,
+            broker_timeout_s=cfg.broker_timeout_s,
+            status_path=cfg.status_file or None,
+            max_messages=cfg.max_messages,
+            exit_when_idle_s=cfg.exit_when_idle_s,
+        ),
+        handler,
+        metrics=metrics,
+        stop=stop,
+    )
     log.info(
-        "actuator consuming %s (group %s, backend %s, %s)",
-        topic,
-        cfg.group,
+        "actuator: backend %s, %s",
         backend.name,
         "EXECUTE (commands the worker marked dry_run are still only logged)"
         if cfg.execute
         else "dry-run: without --execute nothing is acted on",
     )
-    last = time.monotonic()
     try:
-        while not stop.is_set():
-            if lag is not None:
-                lag.maybe_update()
-            msg = consumer.poll(cfg.poll_timeout_s)
-            now = time.monotonic()
-            if msg is None:
-                idle_since = max(last, assigned_at[0]) if assigned_at else None
-                if (
-                    cfg.exit_when_idle_s is not None
-                    and idle_since is not None
-                    and now - idle_since >= cfg.exit_when_idle_s
-                ):
-                    log.info("idle for %.1fs; stopping", cfg.exit_when_idle_s)
-                    break
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.fatal():
-                    raise KafkaException(err)
-                log.warning("consumer: %s", err)
-                continue
-            last = now
-            stats.received += 1
-            if metrics is not None:
-                metrics.messages_in.labels(stage=STAGE).inc()
-            source = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
-            try:
-                cmd = decode_command(msg.value() or b"")
-            except CommandDecodeError as decode_err:
-                stats.invalid += 1
-                log.error("INVALID %s: %s (dead-lettered)", source, decode_err)
-                dead_letter(msg, f"invalid isolation command: {decode_err}")
-            else:
-                if metrics is not None:
-                    metrics.isolations.labels(stage=STAGE, fault=cmd.fault, action=cmd.action).inc()
-                    observe_latency(metrics, STAGE, ts_us=cmd.ts_us)
-                try:
-                    handled = actuator.handle(cmd)
-                except Interrupted as stopped:
-                    log.warning("%s; not committed, it will be delivered again", stopped)
-                    break
-                stats.count(handled)
-                if outcomes is not None:
-                    outcomes.publish(report_for(cmd, handled))
-                if metrics is not None:
-                    metrics.actions.labels(stage=STAGE, outcome=_outcome(handled)).inc()
-                if handled.deadletter_reason is not None:
-                    dead_letter(msg, handled.deadletter_reason)
-            try:
-                consumer.commit(message=msg, asynchronous=False)
-            except KafkaException as commit_err:
-                # Safe: the ledger already holds the outcome, a redelivery will not act.
-                log.warning("commit of %s failed (%s); may be delivered again", source, commit_err)
-            if cfg.max_messages is not None and stats.received >= cfg.max_messages:
-                break
+        runner.run()
     finally:
-        consumer.close()
-        if producer is not None:
-            producer.flush(10.0)
         if outcomes is not None:
             outcomes.close()
     log.info("actuator stopped: %s", stats)

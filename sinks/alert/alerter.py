@@ -22,7 +22,7 @@ import httpx
 
 from sinks.actuator.outcomes import ActionReport
 from sinks.alert.config import AlertConfig
-from sinks.alert.delivery import Delivery
+from sinks.alert.delivery import Delivery, Done
 from sinks.alert.grouping import Grouper, Observation
 from sinks.alert.model import Notification
 from sinks.alert.routing import Router
@@ -71,6 +71,7 @@ class Alerter:
             targets,
             queue_size=cfg.queue_size,
             max_attempts=cfg.max_attempts,
+            retry_for_s=cfg.retry_for_s,
             backoff_base_s=cfg.backoff_base_s,
             backoff_max_s=cfg.backoff_max_s,
             retry_after_max_s=cfg.retry_after_max_s,
@@ -98,37 +99,60 @@ class Alerter:
     async def __aexit__(self, *exc: object) -> None:
         await self.delivery.aclose()
 
-    def dispatch(self, notifications: list[Notification]) -> int:
-        """Queue each notification for its destinations; returns how many were queued."""
-        queued = 0
-        for n in notifications:
-            for name in self.router.route(n):
+    def routes(self, notifications: list[Notification]) -> list[tuple[str, Notification]]:
+        """(destination, notification) pairs to send."""
+        return [(name, n) for n in notifications for name in self.router.route(n)]
+
+    def dispatch(
+        self, notifications: list[Notification], done: Callable[[], Done] | None = None
+    ) -> int:
+        """Queue each notification for its destinations; returns how many were queued.
+        ``done`` makes one completion callback per queued copy."""
+        pairs = self.routes(notifications)
+        for name, n in pairs:
+            if done is None:
                 self.delivery.offer(name, n)
-                queued += 1
-        return queued
+            else:
+                self.delivery.offer(name, n, done())
+        return len(pairs)
 
     def on_command(self, cmd: IsolationCommand) -> int:
-        return self.dispatch(self.grouper.observe(Observation.of_command(cmd), self.clock()))
+        return self.dispatch(self.command_notifications(cmd))
 
     def on_verdict(self, v: Verdict) -> int:
+        return self.dispatch(self.verdict_notifications(v))
+
+    def command_notifications(self, cmd: IsolationCommand) -> list[Notification]:
+        return self.grouper.observe(Observation.of_command(cmd), self.clock())
+
+    def verdict_notifications(self, v: Verdict) -> list[Notification]:
         if not self.include_verdicts:
-            return 0
+            return []
         if v.benign and v.score <= 0 and not self.include_bookkeeping:
-            return 0  # bookkeeping (a host census for the correlator), not news
-        return self.dispatch(self.grouper.observe(Observation.of_verdict(v), self.clock()))
+            return []  # bookkeeping (a host census for the correlator), not news
+        return self.grouper.observe(Observation.of_verdict(v), self.clock())
 
     def on_action(self, r: ActionReport) -> int:
         """What the actuator did (``c4.actions``): shown on the host's open alert."""
-        return self.dispatch(
-            self.grouper.observe_outcome(
-                r.job, r.host, r.outcome, r.detail, r.dry_run, self.clock()
-            )
+        return self.dispatch(self.action_notifications(r))
+
+    def action_notifications(self, r: ActionReport) -> list[Notification]:
+        return self.grouper.observe_outcome(
+            r.job, r.host, r.outcome, r.detail, r.dry_run, self.clock()
         )
 
     def tick(self) -> int:
         """Resolve quiet alerts, refresh open ones where a target needs it; ~once a second."""
+        pairs = self.tick_routes()
+        for name, n in pairs:
+            self.delivery.offer(name, n)
+        return len(pairs)
+
+    def tick_routes(self) -> list[tuple[str, Notification]]:
+        """What :meth:`tick` sends, without sending it (the Kafka side queues it from
+        another thread)."""
         now = self.clock()
-        queued = self.dispatch(self.grouper.expire(now))
+        pairs = self.routes(self.grouper.expire(now))
         for name, target in self.delivery.targets.items():
             if not target.refreshes:
                 continue
@@ -136,11 +160,8 @@ class Alerter:
             if now - last < target.destination.refresh_interval_s:
                 continue
             self._refreshed[name] = now
-            for n in self.grouper.open_alerts():
-                if name in self.router.route(n):
-                    self.delivery.offer(name, n)
-                    queued += 1
-        return queued
+            pairs += [(name, n) for n in self.grouper.open_alerts() if name in self.router.route(n)]
+        return pairs
 
     def send_to_all(self, n: Notification) -> int:
         """Queue ``n`` for every destination regardless of severity (``alert test``)."""

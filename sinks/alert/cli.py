@@ -5,17 +5,39 @@ Registered by :mod:`sinks.cli`; heavy imports stay inside the functions.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 import typer
 
-from c4base.config import KAFKA_SECTION, flag_overrides, load_section
-from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.cli_options import (
+    Bootstrap,
+    BrokerTimeout,
+    Group,
+    InstanceId,
+    Key,
+    LogJson,
+    LogLevel,
+    MetricsHost,
+    MetricsPort,
+    StatusFile,
+    TopicPrefix,
+    fail,
+    given,
+)
+from c4base.config import KAFKA_SECTION, load_section
+from c4base.runtime import FatalError
+from c4base.service import start_service
 from c4base.settings_loader import SettingsError
 from sinks.alert.alerter import Alerter
 from sinks.alert.config import ALERT_SECTION, ConfigError, load_config
-from sinks.alert.consumer import AlertConsumer
+from sinks.alert.consumer import AlertService
 from sinks.alert.samples import sample_notification
+
+TEST_WITHIN_S = 20.0
+"""How long ``alert test`` retries a destination."""
 
 alert_app = typer.Typer(
     help=(
@@ -53,8 +75,7 @@ def _load(config: Path):  # -> AlertConfig
             return load_section("alert", ALERT_SECTION, config)
         return load_config(config, env=os.environ)
     except (ConfigError, SettingsError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail("alert", err, 2)
 
 
 def _logging(level: str) -> None:
@@ -68,62 +89,63 @@ def _logging(level: str) -> None:
 @alert_app.callback()
 def alert(
     ctx: typer.Context,
-    config: Path = typer.Option(None, "--config", "-c", help=_CONFIG_HELP),
-    bootstrap: str = typer.Option(
-        "127.0.0.1:9092", "--bootstrap", "-b", help="Kafka host:port (KAFKA_BOOTSTRAP overrides)."
-    ),
-    topic_prefix: str = typer.Option("", "--topic-prefix", help="Prefix of the c4.* topics."),
-    group: str = typer.Option("c4stream-alert", "--group", help="Kafka consumer group."),
-    from_beginning: bool = typer.Option(
-        False, "--from-beginning", help="A new consumer group reads the topics from the start."
-    ),
-    log_level: str = typer.Option("INFO", "--log-level"),
-    metrics_port: int = typer.Option(0, "--metrics-port", help=METRICS_PORT_HELP),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help=METRICS_HOST_HELP),
-    log_json: bool = typer.Option(False, "--log-json", help=LOG_JSON_HELP),
+    config: Annotated[Path | None, typer.Option("--config", "-c", help=_CONFIG_HELP)] = None,
+    bootstrap: Bootstrap = None,
+    topic_prefix: TopicPrefix = None,
+    group: Group = None,
+    instance_id: InstanceId = None,
+    from_beginning: Annotated[
+        bool | None,
+        typer.Option(
+            "--from-beginning/--from-end",
+            help="Where a new consumer group starts (default: the end).",
+        ),
+        Key("from_beginning"),
+    ] = None,
+    broker_timeout: BrokerTimeout = None,
+    status_file: StatusFile = None,
+    log_level: LogLevel = None,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
+    log_json: LogJson = False,
 ) -> None:
     """Consume c4.isolations and c4.verdicts and post grouped alerts until interrupted."""
     if ctx.invoked_subcommand is not None:
         return
     if config is None:
-        typer.echo(
-            "error: --config alert.toml (or c4stream.toml with [alert]) is required "
-            "(see docs/alerts.md)",
-            err=True,
-        )
-        raise typer.Exit(2)
-    import asyncio
-    import signal
-
+        fail("alert", "--config alert.toml (or c4stream.toml with [alert]) is required", 2)
     cfg = _load(config)
     # [kafka], [metrics] and [log] come from the file only when it is c4stream.toml.
     shared = config if _is_unified(config) else None
-    flags = flag_overrides(ctx, {"bootstrap": "bootstrap", "topic_prefix": "topic_prefix"})
     try:
+        own = {k: v for k, v in given(ctx, alert).items() if not k.startswith("kafka.")}
+        cfg = msgspec.structs.replace(cfg, **own)
+        kafka = load_section(
+            "kafka", KAFKA_SECTION, shared, overrides=given(ctx, alert, prefix="kafka.")
+        )
         svc = start_service(shared, ctx, stage="alerter")
-        kafka = load_section("kafka", KAFKA_SECTION, shared, overrides=flags)
-    except SettingsError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        async with Alerter.from_config(cfg) as alerter:
-            consumer = AlertConsumer(
-                alerter,
-                kafka,
-                group_id=group,
-                from_beginning=from_beginning,
-                metrics=svc.metrics,
-            )
-            await consumer.run(stop)
-            await alerter.delivery.drain(10.0)
-            typer.echo(f"alerter stopped: {consumer.stats}, {alerter.delivery.stats}", err=True)
-
-    asyncio.run(main())
+    except (SettingsError, ConfigError, TypeError) as err:
+        fail("alert", err, 2)
+    service = AlertService(
+        cfg,
+        kafka,
+        group=cfg.group,
+        from_beginning=cfg.from_beginning,
+        instance_id=cfg.instance_id,
+        metrics=svc.metrics,
+        broker_timeout_s=cfg.broker_timeout_s,
+        status_path=cfg.status_file or None,
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: service.stop.set())
+    try:
+        stats = service.run()
+    except FatalError as err:
+        fail("alert", err, 1)
+    typer.echo(
+        f"c4stream alert: stopped: {stats}, {service.stats}, {service.alerter.delivery.stats}",
+        err=True,
+    )
 
 
 @alert_app.command("test")
@@ -142,7 +164,9 @@ def alert_test(
     async def main() -> list[tuple[str, str, bool]]:
         async with Alerter.from_config(cfg) as alerter:
             targets = list(alerter.delivery.targets.values())
-            oks = await asyncio.gather(*(alerter.delivery.send(t, n) for t in targets))
+            # A check answers within seconds, not after the service's 10-minute window.
+            sends = (alerter.delivery.send(t, n, within_s=TEST_WITHIN_S) for t in targets)
+            oks = await asyncio.gather(*sends)
             return [
                 (t.name, t.destination.redacted_url, ok) for t, ok in zip(targets, oks, strict=True)
             ]

@@ -131,12 +131,25 @@ class AlertConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Link put in every message (dashboard, runbook) and Alertmanager's ``externalURL``."""
     queue_size: int = 1000
     """Pending notifications per destination; when full the oldest lowest-severity is dropped."""
-    max_attempts: int = 6
+    retry_for_s: float = 600.0
+    """Retry a notification this long after it was queued (then it is dead-lettered)."""
+    max_attempts: int = 0
+    """At most this many tries per notification (0: no limit besides ``retry_for_s``)."""
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     retry_after_max_s: float = 300.0
     """Cap on a server's Retry-After, so one bad header cannot park a destination for days."""
     timeout_s: float = 10.0
+    group: str = "c4stream-alert"
+    """Kafka consumer group."""
+    instance_id: str | None = None
+    """Static group membership (default ``group@hostname``; "" for dynamic)."""
+    from_beginning: bool = False
+    """A new consumer group reads the topics from the start (default: from the end)."""
+    broker_timeout_s: float = 120.0
+    """Exit non-zero when the broker stays unreachable this long (0: never)."""
+    status_file: str = ""
+    """Write the alerter's status JSON here every second ("": no file)."""
 
     def __post_init__(self) -> None:
         if not self.destination:
@@ -153,8 +166,10 @@ class AlertConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                     f"destination {d.name!r}: url must start with http:// or https:// "
                     f"(got {d.redacted_url})"
                 )
-        if self.queue_size < 1 or self.max_attempts < 1:
-            raise ConfigError("queue_size and max_attempts must be at least 1")
+        if self.queue_size < 1 or self.max_attempts < 0 or self.retry_for_s < 0:
+            raise ConfigError(
+                "queue_size must be at least 1, max_attempts and retry_for_s at least 0"
+            )
         if self.resolve_timeout_s <= 0:
             raise ConfigError("resolve_timeout_s must be positive")
         for d in self.destination:

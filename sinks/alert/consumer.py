@@ -1,45 +1,62 @@
-"""Kafka side of the alerter: consume ``c4.isolations`` and ``c4.verdicts``, feed the Alerter.
+"""Kafka side of the alerter: ``c4.isolations``, ``c4.verdicts`` and the actuator's
+``c4.actions`` in, alerts out, at least once.
 
-confluent-kafka's consumer is blocking, so each ``consume`` call runs in a worker thread
-while HTTP delivery runs on the event loop; the loop itself only decodes, groups and
-enqueues (:meth:`Delivery.offer` never waits), so a slow chat never stalls consumption.
+The loop is the shared :class:`~c4base.runtime.ConsumerRunner`; :class:`AlertHandler`
+is the alerter's part. HTTP delivery runs on an asyncio loop in a thread of its own,
+so a slow or failing chat never stalls consumption.
 
-Offsets are committed after each batch has been grouped and queued, not after the HTTP
-posts: an alerter restart re-reads at most one uncommitted batch (grouping then sends
-that host's alert again) and never re-reads the whole history. A new consumer group
-starts at the end of the topics (``from_beginning=False``): starting a chat alerter
-must not replay last week's decisions into the channel.
+At least once: each (destination, notification) a message produced holds that
+message's offset (:meth:`~c4base.runtime.Context.hold`) until its delivery callback
+says what became of it: delivered, or given up after ``retry_for_s`` of retries with
+back-off, or dropped from a full queue — and then it is dead-lettered with the reason
+first. The offset is committed only once every hold below it is released, so an
+alerter killed during a webhook outage reads those messages again when it restarts
+and sends their alerts then. A message that groups into an alert already open (no
+notification) is done at once. Resolve notifications come from the grouper's timers,
+not from a message: a crash can lose those (the firing one was sent).
 
-Undecodable messages go to ``c4.deadletter`` (stage ``alerter``) and are skipped.
-
-With a :class:`~c4base.metrics.Metrics`, the consumer also counts messages in, dead
-letters, commands and verdicts received, webhook outcomes (``c4stream_sink_actions``:
-delivered, failed, retried, dropped — taken from the delivery counters each tick),
-consumer lag and processing latency.
+A new consumer group starts at the end of the topics (``from_beginning=False``):
+starting a chat alerter must not replay last week's decisions into the channel.
+Undecodable messages go to ``c4.deadletter`` (stage ``alerter``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from c4base.consumer_lag import LagMonitor, observe_latency
-from c4base.deadletter import DeadLetter
+from c4base.consumer_lag import observe_latency
 from c4base.kafka import KafkaConfig
-from c4base.metrics import Metrics
+from c4base.metrics import MetricsLike, NullMetrics
+from c4base.runtime import (
+    BaseHandler,
+    ConsumerRunner,
+    Context,
+    PermanentError,
+    Record,
+    RunnerConfig,
+    RunnerStats,
+)
 from c4base.topics import Topics
 from sinks.actuator.outcomes import ReportDecodeError, decode_report
 from sinks.alert.alerter import Alerter
+from sinks.alert.config import AlertConfig
+from sinks.alert.delivery import Done
+from sinks.alert.model import Notification
 from streams.commands import CommandDecodeError, decode_command
 from streams.verdicts import VerdictDecodeError, decode_verdict
 
-__all__ = ["AlertConsumer", "ConsumerStats"]
+__all__ = ["AlertHandler", "AlertService", "ConsumerStats"]
 
 log = logging.getLogger(__name__)
 
 STAGE = "alerter"
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,111 +64,100 @@ class ConsumerStats:
     commands: int = 0
     verdicts: int = 0
     deadlettered: int = 0
+    """Messages dead-lettered: undecodable, or an alert of theirs not delivered."""
 
 
-class AlertConsumer:
+class AlertHandler(BaseHandler):
+    """Decodes, groups and queues; holds each message until its alerts are settled."""
+
     def __init__(
         self,
-        alerter: Alerter,
-        kafka: KafkaConfig,
+        cfg: AlertConfig,
+        topics: Topics,
         *,
-        topics: Topics | None = None,
-        group_id: str = "c4stream-alert",
-        from_beginning: bool = False,
-        batch_size: int = 500,
-        poll_s: float = 0.25,
-        tick_s: float = 1.0,
-        metrics: Metrics | None = None,
+        metrics: MetricsLike | None = None,
+        alerter: Any = None,
     ) -> None:
-        self.alerter = alerter
-        self.kafka = kafka
-        self.topics = topics or Topics(prefix=kafka.topic_prefix)
-        self.group_id = group_id
-        self.from_beginning = from_beginning
-        self.batch_size = batch_size
-        self.poll_s = poll_s
-        self.tick_s = tick_s
+        self.topics = topics
+        self.metrics = metrics or NullMetrics()
         self.stats = ConsumerStats()
-        self.metrics = metrics
         self._outcomes: dict[str, int] = {}
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set, then flush what can be flushed."""
-        from confluent_kafka import Consumer, Producer
-
-        reset = "earliest" if self.from_beginning else "latest"
-        consumer = Consumer(
-            self.kafka.consumer_config(self.group_id, **{"auto.offset.reset": reset})
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="alert-delivery", daemon=True
         )
-        producer = Producer(self.kafka.producer_config())
-        consumer.subscribe([self.topics.isolations, self.topics.verdicts, self.topics.actions])
-        lag = LagMonitor(consumer, self.metrics, STAGE) if self.metrics is not None else None
-        next_tick = time.monotonic() + self.tick_s
-        try:
-            while not stop.is_set():
-                if lag is not None:
-                    await asyncio.to_thread(lag.maybe_update)
-                msgs = await asyncio.to_thread(consumer.consume, self.batch_size, self.poll_s)
-                for msg in msgs:
-                    if msg.error() is not None:
-                        log.warning("kafka: %s", msg.error())
-                        continue
-                    if self.metrics is not None:
-                        self.metrics.messages_in.labels(stage=STAGE).inc()
-                    self._handle(msg, producer)
-                if msgs:
-                    consumer.commit(asynchronous=True)
-                    producer.poll(0)
-                if time.monotonic() >= next_tick:
-                    self.alerter.tick()
-                    self._count_outcomes()
-                    next_tick = time.monotonic() + self.tick_s
-        finally:
-            self._count_outcomes()
-            await asyncio.to_thread(consumer.close)
-            await asyncio.to_thread(producer.flush, 5.0)
+        self._thread.start()
+        self.alerter: Alerter = self._call(self._open(cfg, alerter))
 
-    def _handle(self, msg: object, producer: object) -> None:
-        topic = msg.topic()  # type: ignore[attr-defined]
-        value: bytes = msg.value() or b""  # type: ignore[attr-defined]
-        try:
-            if topic == self.topics.isolations:
-                cmd = decode_command(value)
-                self.alerter.on_command(cmd)
-                self.stats.commands += 1
-                if self.metrics is not None:
-                    self.metrics.isolations.labels(
-                        stage=STAGE, fault=cmd.fault, action=cmd.action
-                    ).inc()
-                    observe_latency(self.metrics, STAGE, ts_us=cmd.ts_us)
-            elif topic == self.topics.actions:
-                self.alerter.on_action(decode_report(value))
-            else:
-                verdict = decode_verdict(value)
-                self.alerter.on_verdict(verdict)
-                self.stats.verdicts += 1
-                if self.metrics is not None:
-                    self.metrics.verdicts.labels(stage=STAGE, fault=verdict.fault).inc()
-                    observe_latency(self.metrics, STAGE, ts_us=verdict.ts_us)
-        except (CommandDecodeError, VerdictDecodeError, ReportDecodeError) as err:
-            source = f"{topic}[{msg.partition()}]@{msg.offset()}"  # type: ignore[attr-defined]
-            rec = DeadLetter.of(
-                value,
-                reason=str(err),
-                stage="alerter",
-                source=source,
-                key=msg.key(),  # type: ignore[attr-defined]
-            )
-            producer.produce(self.topics.deadletter, rec.encode(), key=msg.key())  # type: ignore[attr-defined]
-            self.stats.deadlettered += 1
-            if self.metrics is not None:
-                self.metrics.deadletters.labels(stage=STAGE).inc()
-            log.warning("alerter: dead-lettered %s: %s", source, err)
+    async def _open(self, cfg: AlertConfig, alerter: Any) -> Alerter:
+        a = alerter or Alerter.from_config(cfg)
+        a.delivery.start()
+        return a
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    # ------------------------------------------------------------ records
+
+    def handle(self, rec: Record, ctx: Context) -> None:
+        notes: list[Notification]
+        if rec.topic == self.topics.isolations:
+            try:
+                cmd = decode_command(rec.value)
+            except CommandDecodeError as err:
+                self.stats.deadlettered += 1
+                raise PermanentError(f"invalid isolation command: {err}") from None
+            self.stats.commands += 1
+            self.metrics.isolations.labels(stage=STAGE, fault=cmd.fault, action=cmd.action).inc()
+            observe_latency(self.metrics, STAGE, ts_us=cmd.ts_us)
+            notes = self.alerter.command_notifications(cmd)
+        elif rec.topic == self.topics.actions:
+            # What the actuator did, shown on the host's open alert.
+            try:
+                report = decode_report(rec.value)
+            except ReportDecodeError as err:
+                self.stats.deadlettered += 1
+                raise PermanentError(f"invalid action report: {err}") from None
+            notes = self.alerter.action_notifications(report)
+        else:
+            try:
+                verdict = decode_verdict(rec.value)
+            except VerdictDecodeError as err:
+                self.stats.deadlettered += 1
+                raise PermanentError(f"invalid verdict: {err}") from None
+            self.stats.verdicts += 1
+            self.metrics.verdicts.labels(stage=STAGE, fault=verdict.fault).inc()
+            observe_latency(self.metrics, STAGE, ts_us=verdict.ts_us)
+            notes = self.alerter.verdict_notifications(verdict)
+        for name, n in self.alerter.routes(notes):
+            done = self._settle(rec, n, ctx)
+            self.loop.call_soon_threadsafe(self.alerter.delivery.offer, name, n, done)
+
+    def _settle(self, rec: Record, n: Notification, ctx: Context) -> Done:
+        hold = ctx.hold(rec)
+
+        def done(ok: bool, detail: str) -> None:
+            if not ok:
+                try:
+                    ctx.dead_letter(rec, f"alert {n.status} {n.key}: {detail}")
+                except Exception:
+                    # Keep the hold: the message is not committed and is read again
+                    # after a restart rather than lost.
+                    log.exception("dead letter for %s failed; not committing it", rec.source)
+                    return
+                self.stats.deadlettered += 1
+            hold.release()
+
+        return done
+
+    def tick(self, ctx: Context) -> None:
+        # Resolves and refreshes come from timers, not from a message: nothing to hold.
+        for name, n in self.alerter.tick_routes():
+            self.loop.call_soon_threadsafe(self.alerter.delivery.offer, name, n)
+        self._count_outcomes()
 
     def _count_outcomes(self) -> None:
         """Move the delivery counters' growth since the last call into the metrics."""
-        if self.metrics is None:
-            return
         d = self.alerter.delivery.stats
         now = {
             "delivered": d.delivered,
@@ -164,3 +170,87 @@ class AlertConsumer:
             if grew > 0:
                 self.metrics.actions.labels(stage=STAGE, outcome=outcome).inc(grew)
         self._outcomes = now
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self, stop_by: float, ctx: Context) -> None:
+        """Give queued alerts until ``stop_by``; what is still unsent stays uncommitted."""
+        left = max(0.0, stop_by - time.monotonic())
+        try:
+            if not self._call(self.alerter.delivery.drain(left), timeout=left + 5):
+                log.warning(
+                    "%d alert(s) not sent at stop; their messages are not committed and "
+                    "are read again at the next start",
+                    self.alerter.delivery.pending(),
+                )
+        finally:
+            self._count_outcomes()
+            self.abort()
+
+    def abort(self) -> None:
+        if self.loop.is_running():
+            try:
+                self._call(self.alerter.delivery.aclose(), timeout=5)
+            except Exception:
+                log.debug("delivery did not close cleanly", exc_info=True)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+
+    def status(self) -> dict[str, Any]:
+        d = self.alerter.delivery
+        return {
+            "alerts": {
+                "pending": d.pending(),
+                "delivered": d.stats.delivered,
+                "failed": d.stats.failed,
+                "retries": d.stats.retries,
+            }
+        }
+
+
+class AlertService:
+    """The alerter on Kafka: :class:`AlertHandler` in the shared runner.
+
+    ``runner_options`` are :class:`~c4base.runtime.RunnerConfig` fields (retry and
+    broker timeouts, ``status_path``, ``tick_s``…)."""
+
+    def __init__(
+        self,
+        cfg: AlertConfig,
+        kafka: KafkaConfig,
+        *,
+        topics: Topics | None = None,
+        group: str = "c4stream-alert",
+        from_beginning: bool = False,
+        instance_id: str | None = None,
+        metrics: MetricsLike | None = None,
+        stop: threading.Event | None = None,
+        alerter: Any = None,
+        **runner_options: Any,
+    ) -> None:
+        self.topics = topics or Topics(prefix=kafka.topic_prefix)
+        self.handler = AlertHandler(cfg, self.topics, metrics=metrics, alerter=alerter)
+        self.alerter = self.handler.alerter
+        rc = RunnerConfig(
+            stage=STAGE,
+            topics=[self.topics.isolations, self.topics.verdicts, self.topics.actions],
+            deadletter_topic=self.topics.deadletter,
+            group=group,
+            kafka=kafka,
+            instance_id=instance_id,
+            offset_reset="earliest" if from_beginning else "latest",
+            **{"poll_timeout_s": 0.25, **runner_options},  # alerts are for people: promptly
+        )
+        self.runner = ConsumerRunner(rc, self.handler, metrics=metrics, stop=stop)
+        self.stop = self.runner.stop
+
+    @property
+    def stats(self) -> ConsumerStats:
+        return self.handler.stats
+
+    def run(self) -> RunnerStats:
+        """Consume until ``stop``; raises :class:`~c4base.runtime.FatalError`."""
+        try:
+            return self.runner.run()
+        finally:
+            self.handler.abort()

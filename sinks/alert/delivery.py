@@ -11,12 +11,21 @@ destination's queue is full the *oldest notification of the lowest severity pres
 ``info`` verdicts cannot push out a ``critical`` cordon.
 
 Retries: on connection errors and timeouts, on HTTP 429 and 5xx, and on the
-rate-limit codes DingTalk and Feishu return inside HTTP 200, up to ``max_attempts``.
+rate-limit codes DingTalk and Feishu return inside HTTP 200, for as long as the
+notification is younger than ``retry_for_s`` (default 10 minutes, counted from when it
+was queued, so a long outage does not make each queued notification wait its own
+window) and, when set, at most ``max_attempts`` tries.
 The wait is the server's ``Retry-After`` when it sent one (seconds or an HTTP date,
 capped by ``retry_after_max_s``), else "full jitter" exponential back-off,
 ``uniform(0, min(backoff_max_s, backoff_base_s * 2**(attempt-1)))`` (the AWS
 architecture blog's "Exponential Backoff and Jitter", which spreads retries of many
 clients best). Other 4xx and vendor error codes are not retried: they will not heal.
+
+Every queued notification ends in exactly one call of its ``done(ok, detail)``
+callback: delivered, given up, or dropped from a full queue. The Kafka side
+(:mod:`sinks.alert.consumer`) commits a message only after the callbacks of all its
+notifications, and dead-letters the ones that were not delivered: nothing is dropped
+silently.
 
 Logs name the destination and its redacted URL (scheme and host) only; httpx's own
 request log lines, which print full URLs with tokens and signatures, are raised to
@@ -33,18 +42,46 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from typing import Any
 
 import httpx
 
 from sinks.alert.model import SEVERITIES, Notification, severity_rank
 from sinks.alert.targets import Outcome, Target
 
-__all__ = ["Delivery", "DeliveryStats", "backoff_delay", "parse_retry_after", "quiet_http_loggers"]
+__all__ = [
+    "Delivery",
+    "DeliveryStats",
+    "Done",
+    "backoff_delay",
+    "parse_retry_after",
+    "quiet_http_loggers",
+]
 
 log = logging.getLogger(__name__)
 
 USER_AGENT = "c4stream-alert/0.1"
 DROP_LOG_INTERVAL_S = 10.0
+
+Done = Callable[[bool, str], None]
+"""Called once per queued notification: (delivered?, what happened)."""
+
+
+def _ignore(ok: bool, detail: str) -> None:
+    pass
+
+
+@dataclass(slots=True)
+class _Item:
+    """A queued notification with its completion callback and when it was queued."""
+
+    n: Notification
+    done: Done
+    queued: float
+
+    @property
+    def severity(self) -> str:
+        return self.n.severity
 
 
 def quiet_http_loggers() -> None:
@@ -113,7 +150,8 @@ class _BoundedQueue:
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
-        self._by_severity: list[deque[tuple[int, Notification]]] = [deque() for _ in SEVERITIES]
+        # Entries are notifications or anything with their ``severity`` (_Item).
+        self._by_severity: list[deque[tuple[int, Any]]] = [deque() for _ in SEVERITIES]
         self._seq = 0
         self._len = 0
         self._ready = asyncio.Event()
@@ -121,11 +159,12 @@ class _BoundedQueue:
     def __len__(self) -> int:
         return self._len
 
-    def snapshot(self) -> list[Notification]:
-        """Queued notifications in the order they will be sent."""
-        return [n for _, n in sorted(e for q in self._by_severity for e in q)]
+    def snapshot(self) -> list[Any]:
+        """Queued entries in the order they will be sent."""
+        entries = sorted((e for q in self._by_severity for e in q), key=lambda e: e[0])
+        return [n for _, n in entries]
 
-    def put_nowait(self, n: Notification) -> Notification | None:
+    def put_nowait(self, n: Any) -> Any | None:
         """Append ``n``; returns the notification dropped to make room, if any."""
         rank = severity_rank(n.severity)
         dropped: Notification | None = None
@@ -141,7 +180,7 @@ class _BoundedQueue:
         self._ready.set()
         return dropped
 
-    async def get(self) -> Notification:
+    async def get(self) -> Any:
         while not self._len:
             self._ready.clear()
             await self._ready.wait()
@@ -161,7 +200,8 @@ class Delivery:
         targets: Sequence[Target],
         *,
         queue_size: int = 1000,
-        max_attempts: int = 6,
+        max_attempts: int = 0,
+        retry_for_s: float = 600.0,
         backoff_base_s: float = 1.0,
         backoff_max_s: float = 60.0,
         retry_after_max_s: float = 300.0,
@@ -172,6 +212,7 @@ class Delivery:
     ) -> None:
         self.targets = {t.name: t for t in targets}
         self.max_attempts = max_attempts
+        self.retry_for_s = retry_for_s
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self.retry_after_max_s = retry_after_max_s
@@ -202,12 +243,17 @@ class Delivery:
                 for name in self.targets
             ]
 
-    def offer(self, destination: str, n: Notification) -> bool:
-        """Queue ``n`` for ``destination`` without waiting; False if ``n`` itself was dropped."""
-        dropped = self._queues[destination].put_nowait(n)
+    def offer(self, destination: str, n: Notification, done: Done = _ignore) -> bool:
+        """Queue ``n`` for ``destination`` without waiting; False if ``n`` itself was
+        dropped. ``done`` is called once ``n`` is delivered, given up or dropped."""
+        item = _Item(n, done, time.monotonic())
+        dropped = self._queues[destination].put_nowait(item)
         self.stats.enqueued += 1
         if dropped is not None:
             self.stats.dropped[dropped.severity] += 1
+            dropped.done(
+                False, f"queue of {destination} full ({self._queues[destination].maxsize})"
+            )
             # One line per destination per interval: a flood must not flood the log too.
             now = time.monotonic()
             if now - self._last_drop_log.get(destination, -1e9) >= DROP_LOG_INTERVAL_S:
@@ -220,7 +266,7 @@ class Delivery:
                     self.stats.dropped_total,
                     self.stats.dropped,
                 )
-        return dropped is not n
+        return dropped is not item
 
     def pending(self) -> int:
         """Notifications queued or being sent."""
@@ -247,20 +293,37 @@ class Delivery:
         queue = self._queues[name]
         target = self.targets[name]
         while True:
-            n = await queue.get()
+            item: _Item = await queue.get()
             self._busy[name] = True
+            ok, detail = False, "not sent"
             try:
-                await self.send(target, n)
-            except Exception:  # a bug in one target must not kill its worker
+                ok, detail = await self.attempt(
+                    target, item.n, deadline=item.queued + self.retry_for_s
+                )
+            except Exception as err:  # a bug in one target must not kill its worker
                 self.stats.failed += 1
+                detail = f"unexpected {type(err).__name__}: {err}"
                 log.exception("alert to %s failed unexpectedly", name)
             finally:
                 self._busy[name] = False
+                item.done(ok, detail)
 
-    async def send(self, target: Target, n: Notification) -> bool:
-        """POST ``n`` to ``target`` with retries; True once delivered."""
+    async def send(self, target: Target, n: Notification, *, within_s: float | None = None) -> bool:
+        """POST ``n`` to ``target`` with retries for ``within_s`` (default
+        ``retry_for_s``); True once delivered."""
+        window = self.retry_for_s if within_s is None else within_s
+        ok, _ = await self.attempt(target, n, deadline=time.monotonic() + window)
+        return ok
+
+    async def attempt(
+        self, target: Target, n: Notification, *, deadline: float
+    ) -> tuple[bool, str]:
+        """POST ``n`` with retries until delivered, refused for good, ``max_attempts``
+        (when set) or monotonic time ``deadline``; (delivered?, what happened)."""
         where = f"{target.name} ({target.destination.redacted_url})"
-        for attempt in range(1, self.max_attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             req = target.request(n)  # re-signed on every attempt
             retry_after: float | None = None
             try:
@@ -278,8 +341,9 @@ class Delivery:
             if outcome is Outcome.OK:
                 self.stats.delivered += 1
                 log.debug("alert %s %s sent to %s", n.status, n.key, where)
-                return True
-            if outcome is Outcome.FAIL or attempt == self.max_attempts:
+                return True, "delivered"
+            now = time.monotonic()
+            if outcome is Outcome.FAIL or attempt == self.max_attempts or now >= deadline:
                 self.stats.failed += 1
                 log.error(
                     "alert %s %s to %s not delivered after %d attempt(s): %s",
@@ -289,7 +353,7 @@ class Delivery:
                     attempt,
                     detail,
                 )
-                return False
+                return False, f"not delivered to {target.name} after {attempt} attempt(s): {detail}"
             if retry_after is not None:
                 delay = min(retry_after, self.retry_after_max_s)
             else:
@@ -297,4 +361,3 @@ class Delivery:
             self.stats.retries += 1
             log.info("alert to %s: %s; retry %d in %.2fs", where, detail, attempt, delay)
             await self._sleep(delay)
-        return False  # unreachable: the loop returns on its last attempt

@@ -7,16 +7,37 @@ commands so ``c4stream --help`` stays fast. Also runnable as ``python -m sinks.a
 from __future__ import annotations
 
 import re
+import signal
+import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from c4base.config import flag_overrides, load_section
-from c4base.service import LOG_JSON_HELP, METRICS_HOST_HELP, METRICS_PORT_HELP, start_service
+from c4base.cli_options import (
+    Bootstrap,
+    BrokerTimeout,
+    Group,
+    InstanceId,
+    Key,
+    LogJson,
+    LogLevel,
+    MetricsHost,
+    MetricsPort,
+    StatusFile,
+    TopicPrefix,
+    config_file,
+    fail,
+    given,
+)
+from c4base.config import load_section
+from c4base.runtime import FatalError
+from c4base.service import start_service
 from c4base.settings_loader import SettingsError
 from sinks.archive.consumer import ARCHIVE_SECTION, ArchiveConfig, Archiver
 from sinks.archive.dedupe import dedupe_archive
+
+ConfigFile = config_file("[kafka], [archive]")
 
 __all__ = ["app", "parse_size"]
 
@@ -39,47 +60,51 @@ def parse_size(text: str) -> int:
     """
     m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]i?)?[bB]?\s*", text)
     if not m:
-        raise typer.BadParameter(f"{text!r} is not a size; use e.g. 134217728, 128MiB or 64k")
+        fail("archive", f"{text!r} is not a size; use e.g. 134217728, 128MiB or 64k", 2)
     return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
 
 
 @app.callback()
 def archive(
     ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="c4stream.toml ([kafka], [archive]); flags win over it."),
-    ] = None,
+    config: ConfigFile = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Archive root (events/, verdicts/, isolations/).")
+        Path | None,
+        typer.Option("--out", help="Archive root (events/, verdicts/, isolations/)."),
+        Key("out"),
     ] = None,
-    bootstrap: Annotated[
-        str | None, typer.Option(help="Kafka host:port[,…]; KAFKA_BOOTSTRAP overrides.")
-    ] = None,
-    topic_prefix: Annotated[str, typer.Option(help="Prefix of the c4.* topic names.")] = "",
-    group: Annotated[str, typer.Option(help="Kafka consumer group.")] = "c4stream-archive",
-    instance_id: Annotated[
-        str | None,
-        typer.Option(help="Static group member id (e.g. pod name): restarts skip rebalances."),
-    ] = None,
+    bootstrap: Bootstrap = None,
+    topic_prefix: TopicPrefix = None,
+    group: Group = None,
+    instance_id: InstanceId = None,
+    broker_timeout: BrokerTimeout = None,
+    status_file: StatusFile = None,
     roll_bytes: Annotated[
-        str, typer.Option(help="Close a file at this size on disk (e.g. 128MiB).")
-    ] = "128MiB",
+        str | None,
+        typer.Option(help="Close a file at this size on disk (e.g. 128MiB; default 128MiB)."),
+        Key("roll_bytes"),
+    ] = None,
     roll_seconds: Annotated[
-        float, typer.Option(help="Close a file this long after opening it (bounds commit lag).")
-    ] = 300.0,
+        float | None,
+        typer.Option(
+            help="Close a file this long after opening it (default 300; bounds commit lag)."
+        ),
+        Key("roll_seconds"),
+    ] = None,
     row_group_bytes: Annotated[
-        str, typer.Option(help="Uncompressed bytes buffered per row group.")
-    ] = "64MiB",
-    max_open_files: Annotated[int, typer.Option(help="Open (job, hour) files per dataset.")] = 64,
-    metrics_port: Annotated[int, typer.Option("--metrics-port", help=METRICS_PORT_HELP)] = 0,
-    metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help=METRICS_HOST_HELP)
-    ] = "127.0.0.1",
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING…")] = "INFO",
-    log_json: Annotated[
-        bool, typer.Option("--log-json", "--json-logs", help=LOG_JSON_HELP)
-    ] = False,
+        str | None,
+        typer.Option(help="Uncompressed bytes buffered per row group (default 64MiB)."),
+        Key("row_group_bytes"),
+    ] = None,
+    max_open_files: Annotated[
+        int | None,
+        typer.Option(help="Open (job, hour) files per dataset (default 64)."),
+        Key("max_open_files"),
+    ] = None,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
+    log_level: LogLevel = None,
+    log_json: LogJson = False,
 ) -> None:
     """Consume the topics and write hive-partitioned (job, hour) zstd Parquet until SIGTERM/^C.
 
@@ -88,50 +113,31 @@ def archive(
     """
     if ctx.invoked_subcommand is not None:
         return
-    import signal
-    import threading
-
     # Flags given on the command line win over [archive]; [archive] over the defaults.
-    flags = flag_overrides(
-        ctx,
-        _FLAG_KEYS,
-        roll_bytes=parse_size(roll_bytes),
-        row_group_bytes=parse_size(row_group_bytes),
-    )
+    sizes = {
+        name: parse_size(value)
+        for name, value in (("roll_bytes", roll_bytes), ("row_group_bytes", row_group_bytes))
+        if value is not None
+    }
+    flags = given(ctx, archive, **sizes)
     try:
         cfg: ArchiveConfig = load_section("archive", ARCHIVE_SECTION, config, overrides=flags)
     except SettingsError as err:
         if out is None and "`out`" in str(err):
-            raise typer.BadParameter(
-                "--out DIR (or [archive] out = DIR in --config) is required to run the archiver",
-                param_hint="--out",
-            ) from None
-        raise typer.BadParameter(str(err), param_hint="--config") from None
+            fail("archive", "--out DIR (or [archive] out = DIR in --config) is required", 2)
+        fail("archive", err, 2)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         svc = start_service(config, ctx, stage="archiver")
         archiver = Archiver(cfg, metrics=svc.metrics)
-    except SettingsError as err:
-        raise typer.BadParameter(str(err), param_hint="--metrics-port") from None
-    except ValueError as err:  # roll policy out of range
-        raise typer.BadParameter(str(err)) from None
-    archiver.run(stop)
-
-
-#: Option parameter -> key of the [archive] table.
-_FLAG_KEYS = {
-    "out": "out",
-    "bootstrap": "kafka.bootstrap",
-    "topic_prefix": "kafka.topic_prefix",
-    "group": "group",
-    "instance_id": "instance_id",
-    "roll_bytes": "roll_bytes",
-    "roll_seconds": "roll_seconds",
-    "row_group_bytes": "row_group_bytes",
-    "max_open_files": "max_open_files",
-}
+    except (SettingsError, ValueError) as err:  # ValueError: roll policy out of range
+        fail("archive", err, 2)
+    try:
+        archiver.run(stop)
+    except FatalError as err:
+        fail("archive", err, 1)
 
 
 @app.command("dedupe")
@@ -144,7 +150,7 @@ def dedupe(
     """Count (--check) or remove duplicate rows (same topic, partition, offset, index)."""
 
     if not root.is_dir():
-        raise typer.BadParameter(f"{root} is not a directory", param_hint="ROOT")
+        fail("archive dedupe", f"{root} is not a directory", 2)
     reports = dedupe_archive(root, apply=not check)
     for r in reports:
         typer.echo(str(r))

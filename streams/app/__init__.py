@@ -13,8 +13,13 @@ Modules, in the order data flows:
 - :mod:`.faust_app` — ``make_app(config)``: the ``faust.App`` (none at import time);
 - :mod:`.agents` — agent ``detect`` on ``c4.events`` and agent ``correlate`` on
   ``c4.verdicts``, the 1-second timer, rebalance and shutdown hooks, ``status.json``;
-- :mod:`.router` — the broker-free logic the agents call: decoding, dead letters,
-  per-communicator detectors in event-time slices, the correlator behind a watermark;
+- :mod:`.runner` — what both agents' runners share: output, counters, and the restore /
+  checkpoint / flush cycle of keyed state;
+- :mod:`.detect_runner` — agent ``detect``'s broker-free logic: decoding, dead letters,
+  per-communicator detectors in event-time slices;
+- :mod:`.correlate_runner` — agent ``correlate``'s: the host correlator behind a watermark;
+- :mod:`.watermark` — the watermark's wire format and its sender in agent ``detect``;
+- :mod:`.faust_adapter` — the one module that reads Faust's private consumer fields;
 - :mod:`.checkpoint` — checkpoints every N events / S seconds into Faust tables;
 - :mod:`.deadletter` — dead-letter records with ``topic[partition]@offset`` sources;
 - :mod:`.engine` — the small protocol the agents need from :mod:`streams.core`;

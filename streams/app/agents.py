@@ -1,13 +1,15 @@
 """The two Faust agents, their timer and their rebalance/shutdown hooks.
 
 Agent ``detect`` on ``c4.events`` (key = communicator): ``take_events`` batches →
-:class:`~streams.app.router.CommRouter` → verdicts to ``c4.verdicts`` keyed by host.
+:class:`~streams.app.detect_runner.CommRouter` → verdicts to ``c4.verdicts`` keyed by host.
 Each verdict carries header ``c4-clock-us`` (its partition's event-time clock when it was
 concluded). After each batch, and every ``tick_s`` for all its partitions, agent ``detect``
 publishes each partition's clock, whether it has consumer lag, and the offset of its last
-verdict to the worker's internal watermark topic. Agent ``correlate`` reads ``c4.verdicts`` and the
-watermarks → :class:`~streams.app.router.CorrelatorRunner` (verdicts judged in event-time
-order behind the watermark) → isolation commands to ``c4.isolations`` keyed by host.
+verdict to the worker's internal watermark topic
+(:class:`~streams.app.watermark.WatermarkSender`). Agent ``correlate`` reads ``c4.verdicts``
+and the watermarks → :class:`~streams.app.correlate_runner.CorrelatorRunner` (verdicts
+judged in event-time order behind the watermark) → isolation commands to ``c4.isolations``
+keyed by host.
 Malformed input and failures inside detection go to ``c4.deadletter``; the agents never
 stop on them.
 """
@@ -22,18 +24,16 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from c4base.metrics import MetricsLike, NullMetrics
 from streams.app.checkpoint import TableCheckpoints
+from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
+from streams.app.detect_runner import CommRouter, EdgeLimits
 from streams.app.engine import Engine
-from streams.app.router import (
-    CommRouter,
-    CorrelatorRunner,
-    EdgeLimits,
-    Output,
-    Watermark,
-    encode_watermark,
-)
+from streams.app.faust_adapter import ConsumerView
+from streams.app.runner import Output
 from streams.app.settings import COMM_TABLE, CORRELATOR_TABLE, WorkerConfig
+from streams.app.watermark import WatermarkSender
 from streams.commands import encode_command
 from streams.verdicts import encode_verdict
 
@@ -92,8 +92,6 @@ def register_agents(
     ``metrics`` (a :class:`c4base.metrics.Metrics`) gets the worker's counters,
     processing latency and consumer lag when given.
     """
-    from faust.types import TP
-
     topics = config.topics()
     watch = _Meter(metrics)
 
@@ -161,12 +159,12 @@ def register_agents(
     dl = DeadLetterPublisher(deadletter_t)
     parts = WorkerParts(router, correlator, comm_store, cor_store, dl, set(), time.time())
 
-    marks_sent: dict[tuple[int, int], Watermark] = {}
-    """(events partition, verdicts partition) -> last watermark sent."""
-    judged: dict[int, int] = {}
-    """events partition -> next offset agent ``detect`` has not judged yet."""
-    verdicts_sent: dict[int, int] = {}
-    """verdicts partition -> offset of the last verdict this worker put there."""
+    offsets = ConsumerView(app)
+
+    async def send_mark(q: int, key: bytes, value: bytes) -> Any:
+        return await watermark_t.send(key=key, value=value, partition=q)
+
+    marks = WatermarkSender(topics.events, config.verdicts_partitions, offsets, send_mark)
 
     def fits(kind: str, value: bytes, what: str) -> bool:
         """A record over the broker's default limit would kill the producer (and with it
@@ -202,46 +200,12 @@ def register_agents(
         for partition, key, data in out.checkpoints:
             store.put(partition, key, data)
 
-    def caught_up(p: int) -> bool:
-        """No consumer lag: every message of events partition ``p`` fetched so far (the
-        broker's high watermark as of the last fetch) has been judged."""
-        try:
-            tp = TP(topics.events, p)
-            high = app.consumer.highwater(tp)
-            if high is None:
-                return False
-            nxt = judged.get(p)
-            if nxt is None:  # nothing judged since start: where the group left off
-                nxt = app.consumer._committed_offset.get(tp) or 0
-            return nxt >= high
-        except Exception:  # no consumer (yet): assume lag, i.e. keep holding
-            log.debug("high watermark of events[%d] not available", p, exc_info=True)
-            return False
-
     async def send_watermarks(sent: list[Any], heartbeat: bool) -> None:
-        """After the verdicts are on the broker, tell every correlator how far each events
-        partition of this worker has been judged (changes only; all on ``heartbeat``)."""
         for fut in sent:  # verdicts are on the broker before the watermark passes them
             md = await fut
-            if md.offset > verdicts_sent.get(md.partition, -1):
-                verdicts_sent[md.partition] = md.offset
+            marks.verdict_sent(md.partition, md.offset)
         mine = {tp.partition for tp in parts.assigned if tp.topic == topics.events}
-        mine |= set(router.clock_us)
-        for p in sorted(mine):
-            clock, idle = router.clock_us.get(p, -1), caught_up(p)
-            for q in range(config.verdicts_partitions):  # every correlator needs every clock
-                wm = Watermark(
-                    partition=p,
-                    clock_us=clock,
-                    caught_up=idle,
-                    verdicts_offset=verdicts_sent.get(q, -1),
-                )
-                old = marks_sent.get((p, q))
-                if not heartbeat and old is not None and old.clock_us == clock:
-                    if old.caught_up == idle:
-                        continue
-                await watermark_t.send(key=str(p).encode(), value=encode_watermark(wm), partition=q)
-                marks_sent[(p, q)] = wm
+        await marks.send_all(mine, router.clock_us, heartbeat)
 
     @app.agent(events_t, name="detect")
     async def detect(stream: Any) -> None:
@@ -249,10 +213,9 @@ def register_agents(
             before = router.stats.events
             records = [Record.of_event(e) for e in batch]
             for rec in records:
-                if rec.offset >= judged.get(rec.partition, 0):
-                    judged[rec.partition] = rec.offset + 1
+                marks.taken(rec.partition, rec.offset)
             # Live partitions (no lag) are judged at once; catching-up ones slice by slice.
-            live = {p for p in {rec.partition for rec in records} if caught_up(p)}
+            live = {p for p in {rec.partition for rec in records} if marks.caught_up(p)}
             out = router.process(records, live)
             watch.batch(len(batch), router.stats.events - before, router.clock_us)
             await emit(out, comm_store)
@@ -270,7 +233,7 @@ def register_agents(
         await emit(router.tick(), comm_store, heartbeat=True)
         await emit(correlator.tick(), cor_store)
         write_status(status_path, parts.status())
-        watch.lag(app, parts.assigned)
+        watch.lag(offsets, parts.assigned)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[Any], **_: Any) -> None:
@@ -278,8 +241,7 @@ def register_agents(
         ev = {tp.partition for tp in revoked if tp.topic == topics.events}
         vd = {tp.partition for tp in revoked if tp.topic == topics.verdicts}
         parts.assigned -= set(revoked)
-        for p in ev:
-            judged.pop(p, None)
+        marks.revoked(ev)
         await emit(router.flush(ev, drop=True), comm_store)
         await emit(correlator.flush(vd, drop=True), cor_store)
 
@@ -315,16 +277,14 @@ def write_status(path: Any, status: dict[str, Any]) -> None:
 
 
 class _Meter:
-    """Prometheus families of :mod:`c4base.metrics` for stage ``worker`` (no-op if None)."""
+    """Prometheus families of :mod:`c4base.metrics` for stage ``worker``."""
 
     STAGE = "worker"
 
-    def __init__(self, metrics: Any) -> None:
-        self.m = metrics
+    def __init__(self, metrics: MetricsLike | None) -> None:
+        self.m = metrics or NullMetrics()
 
     def batch(self, messages: int, events: int, clocks: dict[int, int]) -> None:
-        if self.m is None:
-            return
         self.m.messages_in.labels(stage=self.STAGE).inc(messages)
         self.m.events_in.labels(stage=self.STAGE).inc(events)
         if clocks:
@@ -334,8 +294,6 @@ class _Meter:
             )
 
     def output(self, out: Output) -> None:
-        if self.m is None:
-            return
         for v in out.verdicts:
             self.m.verdicts.labels(stage=self.STAGE, fault=v.fault).inc()
         for c in out.commands:
@@ -343,15 +301,12 @@ class _Meter:
         if out.deadletters:
             self.m.deadletters.labels(stage=self.STAGE).inc(len(out.deadletters))
 
-    def lag(self, app: Any, assigned: set[Any]) -> None:
+    def lag(self, offsets: ConsumerView, assigned: set[Any]) -> None:
         """Lag = high watermark - next offset to read, per assigned partition."""
-        if self.m is None:
-            return
         try:
-            consumer = app.consumer
             for tp in assigned:
-                high = consumer.highwater(tp)
-                read = consumer._read_offset[tp]  # Faust keeps no public accessor for it
+                high = offsets.highwater(tp.topic, tp.partition)
+                read = offsets.read_offset(tp)
                 if high is None:
                     continue
                 lag = high - (read + 1 if read is not None else 0)

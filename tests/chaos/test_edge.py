@@ -17,9 +17,11 @@ from producers.formats.flight_recorder import FlightRecorderError, load_flight_r
 from producers.formats.inspector import InspectorError, parse_inspector_line
 from producers.sources import sniff
 from producers.traces import BadLine, read_trace
+from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import Record
+from streams.app.detect_runner import CommRouter, EdgeLimits, wrap_state
 from streams.app.engine import CoreEngine
-from streams.app.router import CommRouter, CorrelatorRunner, EdgeLimits, Output, wrap_state
+from streams.app.runner import Output
 from streams.commands import CommandDecodeError, decode_command
 from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict, encode_verdict
 

@@ -17,7 +17,8 @@ import pytest
 
 from producers.events import OpEvent, ProgressEvent, encode_message
 from streams.app.checkpoint import join_checkpoint, split_checkpoint
-from streams.app.router import CorrelatorRunner, unwrap_state, wrap_state
+from streams.app.correlate_runner import CorrelatorRunner
+from streams.app.detect_runner import unwrap_state, wrap_state
 from streams.app.topics_admin import ensure_topics
 from streams.worker import start_worker_process
 from tests.chaos.harness import (

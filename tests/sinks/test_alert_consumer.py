@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
+import base64
 import json
+import os
+import threading
 import time
 import uuid
 
@@ -14,9 +16,8 @@ from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
 from c4base.topics import Topics
 from compose.local_broker import create_topics
-from sinks.alert.alerter import Alerter
 from sinks.alert.config import AlertConfig, Destination
-from sinks.alert.consumer import AlertConsumer
+from sinks.alert.consumer import AlertService
 from sinks.alert.samples import sample_command
 from streams.commands import encode_command
 from streams.verdicts import Verdict, encode_verdict
@@ -67,27 +68,25 @@ def test_consumer_groups_routes_resolves_and_dead_letters(
         resolve_timeout_s=2.0,
     )
 
-    async def run() -> AlertConsumer:
-        stop = asyncio.Event()
-        async with Alerter.from_config(cfg) as alerter:
-            consumer = AlertConsumer(
-                alerter,
-                kafka,
-                topics=topics,
-                group_id=f"g-{uuid.uuid4().hex[:6]}",
-                from_beginning=True,
-                tick_s=0.2,
-            )
-            task = asyncio.create_task(consumer.run(stop))
-            # 2 firing + 2 resolved to Mattermost, firing + resolved of h1 to Discord.
-            await asyncio.to_thread(webhook_server.wait_for, 6, 60.0)
-            await asyncio.sleep(0.5)  # nothing more should arrive
-            stop.set()
-            await task
-        return consumer
-
     t0 = time.monotonic()
-    consumer = asyncio.run(run())
+    consumer = AlertService(
+        cfg,
+        kafka,
+        topics=topics,
+        group=f"g-{uuid.uuid4().hex[:6]}",
+        from_beginning=True,
+        instance_id="",
+        tick_s=0.2,
+    )
+    t = threading.Thread(target=consumer.run)
+    t.start()
+    try:
+        # 2 firing + 2 resolved to Mattermost, firing + resolved of h1 to Discord.
+        webhook_server.wait_for(6, 60.0)
+        time.sleep(0.5)  # nothing more should arrive
+    finally:
+        consumer.stop.set()
+        t.join(30)
     mm = [r.json["text"] for r in webhook_server.at("/mm")]
     dc = [r.json["embeds"][0]["title"] for r in webhook_server.at("/dc")]
     assert sorted(t.split(" (job")[0] for t in mm) == [
@@ -119,6 +118,42 @@ def test_consumer_groups_routes_resolves_and_dead_letters(
 
 @pytest.mark.kafka
 @pytest.mark.timeout(90)
+def test_undelivered_dead_letter_stops_the_alerter_without_committing_past_it(
+    kafka_bootstrap: str, webhook_server: WebhookServer
+) -> None:
+    """Issue 9 defect 2: the dead-letter topic refuses the letter (its max.message.bytes
+    is smaller than the letter). The alerter must stop with an error and leave the bad
+    message uncommitted (it is read again after the fix), never commit past it."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from c4base.kafka_admin import create_topics as create_with_config
+    from c4base.runtime import DeadLetterError
+
+    topics = Topics(prefix=f"alertdl-{uuid.uuid4().hex[:8]}.")
+    create_topics(kafka_bootstrap, {topics.isolations: 1, topics.verdicts: 1}, 30.0)
+    create_with_config(
+        kafka_bootstrap, {topics.deadletter: 1}, 30.0, config={"max.message.bytes": "1000"}
+    )
+    kafka = KafkaConfig(bootstrap=kafka_bootstrap, topic_prefix=topics.prefix)
+    producer = Producer(kafka.producer_config())
+    pad = base64.b64encode(os.urandom(3000))  # incompressible: the letter stays > 1000 B
+    producer.produce(topics.isolations, b'{"not": "a command", "pad": "' + pad + b'"}')
+    producer.produce(topics.isolations, encode_command(sample_command("h1")), key=b"h1")
+    assert producer.flush(10) == 0
+
+    cfg = AlertConfig(destination=[Destination(type="mattermost", url=webhook_server.url("/mm"))])
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    svc = AlertService(cfg, kafka, topics=topics, group=group, from_beginning=True, instance_id="")
+    with pytest.raises(DeadLetterError, match="not delivered"):
+        svc.run()
+    c = Consumer(kafka.consumer_config(group))
+    (tp,) = c.committed([TopicPartition(topics.isolations, 0)], timeout=10)
+    c.close()
+    assert tp.offset < 1  # not past the bad message at offset 0
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(90)
 def test_consumer_reads_the_actuators_outcomes(
     kafka_bootstrap: str, webhook_server: WebhookServer
 ) -> None:
@@ -146,23 +181,25 @@ def test_consumer_reads_the_actuators_outcomes(
         ],
         resolve_timeout_s=30.0,
     )
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        async with Alerter.from_config(cfg) as alerter:
-            consumer = AlertConsumer(
-                alerter, kafka, topics=topics, group_id=f"g-{uuid.uuid4().hex[:6]}",
-                from_beginning=True, tick_s=0.2,
-            )  # fmt: skip
-            task = asyncio.create_task(consumer.run(stop))
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not any(
-                "Actuator: failed" in json.dumps(r.json) for r in webhook_server.at("/mm")
-            ):
-                await asyncio.sleep(0.2)
-            stop.set()
-            await task
-
-    asyncio.run(run())
+    svc = AlertService(
+        cfg,
+        kafka,
+        topics=topics,
+        group=f"g-{uuid.uuid4().hex[:6]}",
+        from_beginning=True,
+        instance_id="",
+        tick_s=0.2,
+    )
+    t = threading.Thread(target=svc.run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            "Actuator: failed" in json.dumps(r.json) for r in webhook_server.at("/mm")
+        ):
+            time.sleep(0.2)
+    finally:
+        svc.stop.set()
+        t.join(30)
     texts = [json.dumps(r.json) for r in webhook_server.at("/mm")]
     assert any("Actuator: failed (gave up after 3 attempt(s)" in t for t in texts), texts

@@ -48,6 +48,9 @@ class WebhookServer:
     def __init__(self) -> None:
         self.received: list[Received] = []
         self.replies: dict[str, deque[Reply]] = {}
+        self.down_until = 0.0
+        """Monotonic time until which every post is answered 503 (an outage)."""
+        self.refused = 0
         self._lock = threading.Lock()
         server = self
 
@@ -56,6 +59,20 @@ class WebhookServer:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(length)
                 parts = urlsplit(self.path)
+                with server._lock:
+                    if time.monotonic() < server.down_until:
+                        server.refused += 1
+                        down = True
+                    else:
+                        down = False
+                if down:
+                    try:
+                        self.send_response(503)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                    except OSError:
+                        pass
+                    return
                 with server._lock:
                     server.received.append(
                         Received(
@@ -99,6 +116,11 @@ class WebhookServer:
         """Answer the next posts to ``path`` with ``replies``, then 200 ``ok``."""
         with self._lock:
             self.replies.setdefault(path, deque()).extend(replies)
+
+    def outage(self, seconds: float) -> None:
+        """Answer every post with 503 for the next ``seconds`` (nothing is recorded)."""
+        with self._lock:
+            self.down_until = time.monotonic() + seconds
 
     def at(self, path: str) -> list[Received]:
         with self._lock:

@@ -25,7 +25,7 @@ from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
 from producers.events import Event, OpEvent, encode_message
 from streams.app.checkpoint import join_checkpoint
-from streams.app.router import unwrap_state
+from streams.app.detect_runner import unwrap_state
 from streams.app.settings import WorkerConfig
 from streams.commands import IsolationCommand, decode_command
 from streams.verdicts import Verdict

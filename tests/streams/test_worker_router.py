@@ -1,5 +1,6 @@
-"""The worker's broker-free core (streams.app.router): same decisions as the offline
-pipeline, whatever the batching and however skewed the partitions; dead letters; checkpoints.
+"""The worker's broker-free runners (streams.app.detect_runner, .correlate_runner): same
+decisions as the offline pipeline, whatever the batching and however skewed the partitions;
+dead letters; checkpoints.
 """
 
 from __future__ import annotations
@@ -11,16 +12,12 @@ import pytest
 
 from producers.events import Event, OpEvent, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
+from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import Record
+from streams.app.detect_runner import CommRouter, wrap_state
 from streams.app.engine import CoreEngine
-from streams.app.router import (
-    CommRouter,
-    CorrelatorRunner,
-    Output,
-    Watermark,
-    encode_watermark,
-    wrap_state,
-)
+from streams.app.runner import Output
+from streams.app.watermark import Watermark, encode_watermark
 from streams.core import DetectionPipeline
 from streams.verdicts import Verdict, encode_verdict
 

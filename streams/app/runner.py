@@ -1,0 +1,167 @@
+"""What both agents' runners share: their output, their counters, and the
+restore / checkpoint / flush cycle of keyed state kept in a Faust table.
+
+A runner owns state objects (a communicator's detector, a host correlator), each under
+a table key on the partition its input came from. It restores one from its last
+checkpoint the first time it is needed, checkpoints it every N events or S seconds
+(:class:`~streams.app.checkpoint.CheckpointSchedule`), and on revocation or a clean stop
+checkpoints every dirty one and, when told, forgets them. Only what to judge differs,
+in :mod:`streams.app.detect_runner` and :mod:`streams.app.correlate_runner`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from c4base.deadletter import DeadLetter
+from streams.app.checkpoint import CheckpointSchedule
+from streams.commands import IsolationCommand
+from streams.verdicts import Verdict
+
+__all__ = ["Lookup", "Output", "RouterStats", "StateRunner"]
+
+log = logging.getLogger(__name__)
+
+Lookup = Callable[[bytes], bytes | None]
+"""Table read: a key's last checkpoint, or None."""
+
+
+@dataclass
+class Output:
+    """What one batch (or tick) produced."""
+
+    verdicts: list[Verdict] = field(default_factory=list)
+    clocks: list[int] = field(default_factory=list)
+    """Per verdict: its events partition's event-time clock when it was concluded."""
+    commands: list[IsolationCommand] = field(default_factory=list)
+    deadletters: list[DeadLetter] = field(default_factory=list)
+    checkpoints: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    """(partition, key, state bytes) to write to the table."""
+
+    def concluded(self, verdicts: list[Verdict], clock_us: int) -> None:
+        self.verdicts.extend(verdicts)
+        self.clocks.extend([clock_us] * len(verdicts))
+
+
+@dataclass
+class RouterStats:
+    messages: int = 0
+    events: int = 0
+    batches: int = 0
+    verdicts: int = 0
+    commands: int = 0
+    deadletters: int = 0
+    detector_errors: int = 0
+    checkpoints: int = 0
+    restored: int = 0
+    """Detectors (or correlators) restored from a table checkpoint."""
+    created: int = 0
+
+
+class Checkpointable(Protocol):
+    def to_bytes(self) -> bytes: ...
+
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+
+class StateRunner(Generic[K]):
+    """Keyed state with the shared restore / checkpoint / flush cycle.
+
+    Subclasses say where a key's state lives (:meth:`_locate`), how to judge what is
+    still open before a flush (:meth:`_close`) and what to forget on revocation
+    (:meth:`_drop`)."""
+
+    def __init__(
+        self,
+        lookup: Lookup,
+        *,
+        checkpoint_every_events: int,
+        checkpoint_every_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lookup = lookup
+        self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
+        self.wall = clock
+        self.stats = RouterStats()
+
+    # ------------------------------------------------------------ to override
+    def _locate(self, key: K) -> tuple[int, bytes, Checkpointable] | None:
+        """(partition, table key, state) of ``key``, or None if it is not held."""
+        raise NotImplementedError
+
+    def _what(self, key: K) -> str:
+        """How logs name the state of ``key``."""
+        return str(key)
+
+    def _keys(self, partitions: set[int] | None) -> list[K]:
+        """Keys held for ``partitions`` (all when None)."""
+        raise NotImplementedError
+
+    def _close(self, partitions: set[int] | None, out: Output) -> None:
+        """Judge what is held open for ``partitions`` before they are checkpointed."""
+
+    def _drop(self, partitions: set[int] | None, keys: list[K]) -> None:
+        """Forget ``keys`` and everything kept per partition of ``partitions``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ shared cycle
+    def _restore(
+        self, table_key: bytes, what: str, load: Callable[[bytes], T], new: Callable[[], T]
+    ) -> T:
+        """The state under ``table_key``: its last checkpoint if readable, else new."""
+        data = self.lookup(table_key)
+        if data is not None:
+            try:
+                state = load(data)
+            except Exception:
+                log.exception("checkpoint of %s unreadable; starting afresh", what)
+            else:
+                self.stats.restored += 1
+                log.info("restored %s from its checkpoint (%d bytes)", what, len(data))
+                return state
+        self.stats.created += 1
+        return new()
+
+    def _checkpoint(self, keys: list[K]) -> list[tuple[int, bytes, bytes]]:
+        out = []
+        for key in keys:
+            found = self._locate(key)
+            if found is None:
+                continue
+            partition, table_key, state = found
+            try:
+                out.append((partition, table_key, state.to_bytes()))
+            except Exception:
+                self.stats.detector_errors += 1
+                log.exception("checkpoint of %s failed", self._what(key))
+        return out
+
+    def _due(self, out: Output, now: float) -> None:
+        out.checkpoints.extend(self._checkpoint(self.schedule.take_due(now)))
+
+    def flush(self, partitions: set[int] | None = None, *, drop: bool = False) -> Output:
+        """Judge what is open, checkpoint every dirty state (of ``partitions``); ``drop``
+        forgets them (the partitions were revoked: another worker restores them)."""
+        out = Output()
+        self._close(partitions, out)
+        keys = self._keys(partitions)
+        out.checkpoints.extend(self._checkpoint(self.schedule.take_all(keys)))
+        if drop:
+            for key in keys:
+                self.schedule.forget(key)
+            self._drop(partitions, keys)
+        self._count(out)
+        return out
+
+    def _count(self, out: Output) -> None:
+        st = self.stats
+        st.verdicts += len(out.verdicts)
+        st.commands += len(out.commands)
+        st.deadletters += len(out.deadletters)
+        st.checkpoints += len(out.checkpoints)

@@ -1,0 +1,141 @@
+"""The worker's watermark: its wire format and the sender in agent ``detect``.
+
+Verdicts of different ``c4.events`` partitions reach the correlator out of event-time
+order (one partition may be seconds ahead of another, very much so while catching up),
+and the correlator must see a victim's "waiting in communicator X" before it judges that
+victim as the culprit elsewhere. So agent ``detect`` tells every correlator how far each
+of its events partitions has been judged (:class:`WatermarkSender`), and agent
+``correlate`` holds verdicts until every events partition's clock has passed them
+(:class:`~streams.app.correlate_runner.CorrelatorRunner`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+import msgspec
+
+from producers.guard import BoundsError, check_bounds
+
+__all__ = ["Watermark", "WatermarkSender", "decode_watermark", "encode_watermark"]
+
+
+class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Event-time progress of one ``c4.events`` partition, sent by agent 1 to agent 2.
+
+    >>> decode_watermark(encode_watermark(Watermark(partition=3, clock_us=7)))
+    Watermark(partition=3, clock_us=7, caught_up=False, verdicts_offset=-1)
+    >>> encode_watermark(Watermark(partition=3, clock_us=-1, caught_up=True))
+    b'{"partition":3,"clock_us":-1,"caught_up":true}'
+    """
+
+    partition: int
+    clock_us: int
+    """Newest ``ts_us`` judged in this partition; -1 if none since the sender started."""
+    caught_up: bool = False
+    """The sender had judged everything in the partition (no consumer lag) when it sent
+    this: the only case in which the partition may stop holding the watermark back."""
+    verdicts_offset: int = -1
+    """Offset of the last verdict the sender had put on the ``c4.verdicts`` partition this
+    watermark travels with (-1: none). The two topics are fetched independently, so the
+    mark only counts once the correlator has read the verdicts partition that far."""
+
+
+_wm_decoder = msgspec.json.Decoder(Watermark)
+
+
+def encode_watermark(w: Watermark) -> bytes:
+    return msgspec.json.encode(w)
+
+
+def decode_watermark(data: bytes) -> Watermark:
+    """Raises ValueError (msgspec's DecodeError or a bound) on anything not a mark."""
+    try:
+        check_bounds(data, max_bytes=4096)
+        return _wm_decoder.decode(data)
+    except (msgspec.DecodeError, BoundsError):
+        raise
+    except Exception as err:  # RecursionError and the like: never past the edge
+        raise ValueError(f"undecodable: {type(err).__name__}") from None
+
+
+class Offsets(Protocol):
+    """What the sender reads of the consumer (:class:`~streams.app.faust_adapter.ConsumerView`)."""
+
+    def highwater(self, topic: str, partition: int) -> int | None: ...
+
+    def committed(self, topic: str, partition: int) -> int | None: ...
+
+
+Send = Callable[[int, bytes, bytes], Awaitable[Any]]
+"""(verdicts partition, key, value) -> sent: puts one watermark on the topic."""
+
+
+class WatermarkSender:
+    """Agent ``detect``'s side: tracks what it judged and sends changed clocks."""
+
+    def __init__(
+        self,
+        events_topic: str,
+        verdicts_partitions: int,
+        consumer: Offsets,
+        send: Send,
+    ) -> None:
+        self.events_topic = events_topic
+        self.verdicts_partitions = verdicts_partitions
+        self.consumer = consumer
+        self.send = send
+        self.marks_sent: dict[tuple[int, int], Watermark] = {}
+        """(events partition, verdicts partition) -> last watermark sent."""
+        self.judged: dict[int, int] = {}
+        """events partition -> next offset agent ``detect`` has not judged yet."""
+        self.verdicts_sent: dict[int, int] = {}
+        """verdicts partition -> offset of the last verdict this worker put there."""
+
+    def taken(self, partition: int, offset: int) -> None:
+        """Agent ``detect`` took the message at ``offset`` of events ``partition``."""
+        if offset >= self.judged.get(partition, 0):
+            self.judged[partition] = offset + 1
+
+    def revoked(self, partitions: Iterable[int]) -> None:
+        for p in partitions:
+            self.judged.pop(p, None)
+
+    def verdict_sent(self, partition: int, offset: int) -> None:
+        """A verdict is on the broker at ``offset`` of verdicts ``partition``."""
+        if offset > self.verdicts_sent.get(partition, -1):
+            self.verdicts_sent[partition] = offset
+
+    def caught_up(self, p: int) -> bool:
+        """No consumer lag: every message of events partition ``p`` fetched so far (the
+        broker's high watermark as of the last fetch) has been judged. Unknown counts as
+        lag, i.e. keep holding."""
+        high = self.consumer.highwater(self.events_topic, p)
+        if high is None:
+            return False
+        nxt = self.judged.get(p)
+        if nxt is None:  # nothing judged since start: where the group left off
+            nxt = self.consumer.committed(self.events_topic, p) or 0
+        return nxt >= high
+
+    async def send_all(
+        self, partitions: Iterable[int], clocks: dict[int, int], heartbeat: bool
+    ) -> None:
+        """Tell every correlator how far each events partition of this worker has been
+        judged (changes only; all on ``heartbeat``). Call after the verdicts are sent."""
+        for p in sorted(set(partitions) | set(clocks)):
+            clock, idle = clocks.get(p, -1), self.caught_up(p)
+            for q in range(self.verdicts_partitions):  # every correlator needs every clock
+                wm = Watermark(
+                    partition=p,
+                    clock_us=clock,
+                    caught_up=idle,
+                    verdicts_offset=self.verdicts_sent.get(q, -1),
+                )
+                old = self.marks_sent.get((p, q))
+                if not heartbeat and old is not None and old.clock_us == clock:
+                    if old.caught_up == idle:
+                        continue
+                await self.send(q, str(p).encode(), encode_watermark(wm))
+                self.marks_sent[(p, q)] = wm

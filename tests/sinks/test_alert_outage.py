@@ -1,0 +1,229 @@
+"""Alerts at least once (issue 12 item 6) against the real broker and a loopback webhook.
+
+The webhook stand-in is a real HTTP server on 127.0.0.1 that answers 503 during an
+"outage" (a chat service cannot run here). 40 isolation commands for 40 hosts make 40
+firing alerts; each test prints sent / delivered / dead-lettered / lost and asserts
+0 lost: every alert is delivered, or dead-lettered with its reason, never dropped.
+Retries back off between 0.2 s and 1 s here (the defaults go up to 60 s) so the tests
+take the outage's time plus seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from c4base.deadletter import DeadLetter
+from c4base.kafka import KafkaConfig
+from c4base.topics import Topics
+from compose.local_broker import create_topics
+from sinks.alert.config import AlertConfig, Destination
+from sinks.alert.consumer import AlertService
+from sinks.alert.samples import sample_command
+from streams.commands import encode_command
+from tests.sinks.test_alert_support import (
+    WebhookServer,
+    webhook_server_fixture,  # noqa: F401 (the fixture)
+)
+
+N = 40
+HOST = re.compile(r"on (h\d\d)")
+
+
+def _setup(bootstrap: str) -> tuple[Topics, KafkaConfig]:
+    topics = Topics(prefix=f"outage-{uuid.uuid4().hex[:8]}.")
+    create_topics(bootstrap, topics.partitions(), 30.0)
+    kafka = KafkaConfig(bootstrap=bootstrap, topic_prefix=topics.prefix)
+    producer = Producer(kafka.producer_config())
+    for i in range(N):
+        cmd = msgspec.structs.replace(sample_command(f"h{i:02d}"), id=f"c{i}")
+        producer.produce(topics.isolations, encode_command(cmd), key=cmd.host.encode())
+    assert producer.flush(10) == 0
+    return topics, kafka
+
+
+def _cfg(server: WebhookServer, **kw: object) -> AlertConfig:
+    args: dict = dict(
+        destination=[Destination(type="mattermost", url=server.url("/mm"), min_severity="info")],
+        resolve_timeout_s=3600.0,  # no resolved alerts during the test
+        backoff_base_s=0.2,
+        backoff_max_s=1.0,
+    )
+    args.update(kw)
+    return AlertConfig(**args)
+
+
+def _delivered(server: WebhookServer) -> set[str]:
+    return {m.group(1) for r in server.at("/mm") if (m := HOST.search(r.json["text"]))}
+
+
+def _wait_delivered(server: WebhookServer, n: int, timeout_s: float) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while len(got := _delivered(server)) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return got
+
+
+def _dead_letters(kafka: KafkaConfig, topics: Topics, timeout_s: float = 5.0) -> list[DeadLetter]:
+    c = Consumer(kafka.consumer_config(f"dlq-{uuid.uuid4().hex[:6]}"))
+    c.subscribe([topics.deadletter])
+    out: list[DeadLetter] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out += [DeadLetter.decode(m.value()) for m in c.consume(100, 0.5) if m.error() is None]
+    c.close()
+    return out
+
+
+def _committed(kafka: KafkaConfig, group: str, topic: str) -> int:
+    c = Consumer(kafka.consumer_config(group))
+    (tp,) = c.committed([TopicPartition(topic, 0)], timeout=10)
+    c.close()
+    return tp.offset
+
+
+def _report(name: str, delivered: int, dead: int) -> None:
+    print(
+        f"\n{name}: sent {N}, delivered {delivered}, dead-lettered {dead}, "
+        f"lost {N - delivered - dead}"
+    )
+
+
+def _run_outage(kafka_bootstrap: str, server: WebhookServer, outage_s: float) -> None:
+    topics, kafka = _setup(kafka_bootstrap)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    server.outage(outage_s)
+    svc = AlertService(
+        _cfg(server), kafka, topics=topics, group=group, from_beginning=True, instance_id=""
+    )
+    t = threading.Thread(target=svc.run)
+    t.start()
+    try:
+        time.sleep(outage_s / 2)
+        assert _delivered(server) == set() and server.refused > 0  # the outage is real
+        assert _committed(kafka, group, topics.isolations) <= 0  # nothing passed yet
+        got = _wait_delivered(server, N, outage_s + 30)
+    finally:
+        svc.stop.set()
+        t.join(30)
+    assert not t.is_alive()
+    dead = _dead_letters(kafka, topics, 2.0)
+    _report(f"webhook outage {outage_s:.0f}s", len(got), len(dead))
+    assert len(got) == N and not dead
+    assert _committed(kafka, group, topics.isolations) == N  # all delivered: all committed
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(120)
+def test_webhook_outage_20s_loses_no_alert(
+    kafka_bootstrap: str, webhook_server: WebhookServer
+) -> None:
+    _run_outage(kafka_bootstrap, webhook_server, 20.0)
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(200)
+def test_webhook_outage_90s_loses_no_alert(
+    kafka_bootstrap: str, webhook_server: WebhookServer
+) -> None:
+    _run_outage(kafka_bootstrap, webhook_server, 90.0)
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(120)
+def test_outage_longer_than_the_retry_window_dead_letters_every_alert(
+    kafka_bootstrap: str, webhook_server: WebhookServer
+) -> None:
+    """Given up after retry_for_s: each alert is dead-lettered with its reason, then
+    committed; none is dropped silently."""
+    topics, kafka = _setup(kafka_bootstrap)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    webhook_server.outage(600.0)
+    svc = AlertService(
+        _cfg(webhook_server, retry_for_s=3.0),
+        kafka,
+        topics=topics,
+        group=group,
+        from_beginning=True,
+        instance_id="",
+    )
+    t = threading.Thread(target=svc.run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while svc.runner.stats.deadlettered < N and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.5)  # a commit after the last dead letter
+    finally:
+        svc.stop.set()
+        t.join(30)
+    dead = _dead_letters(kafka, topics)
+    _report("webhook down past retry_for_s", len(_delivered(webhook_server)), len(dead))
+    assert len(dead) == N
+    assert {d.key for d in dead} == {f"h{i:02d}" for i in range(N)}
+    assert all("not delivered to mattermost-0" in d.reason for d in dead)
+    assert all(d.stage == "alerter" for d in dead)
+    assert _committed(kafka, group, topics.isolations) == N
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(150)
+def test_alerter_sigkilled_during_an_outage_loses_no_alert(
+    kafka_bootstrap: str, webhook_server: WebhookServer, tmp_path: Path
+) -> None:
+    """The alerter process is SIGKILLed while every alert is still being retried; a new
+    one (same static member id) reads the uncommitted messages again and delivers."""
+    topics, kafka = _setup(kafka_bootstrap)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    toml = tmp_path / "c4stream.toml"
+    toml.write_text(
+        f'[kafka]\nbootstrap = "{kafka_bootstrap}"\ntopic_prefix = "{topics.prefix}"\n'
+        f'[alert]\ngroup = "{group}"\nfrom_beginning = true\nresolve_timeout_s = 3600.0\n'
+        "backoff_base_s = 0.2\nbackoff_max_s = 1.0\n"
+        f'status_file = "{tmp_path / "status.json"}"\n'
+        f'[[alert.destination]]\ntype = "mattermost"\nurl = "{webhook_server.url("/mm")}"\n'
+        'min_severity = "info"\n'
+    )
+    argv = [sys.executable, "-c", "from c4stream.cli import main; main()", "alert"]
+    argv += ["--config", str(toml)]
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"}
+    webhook_server.outage(25.0)
+    first = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while webhook_server.refused < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert webhook_server.refused >= 3  # it is retrying the first alerts
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert _delivered(webhook_server) == set()
+    second = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        got = _wait_delivered(webhook_server, N, 60)
+        time.sleep(1.5)  # a commit after the last delivery
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            _, err = second.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            _, err = second.communicate()
+    dead = _dead_letters(kafka, topics, 2.0)
+    _report("alerter SIGKILL during an outage", len(got), len(dead))
+    assert len(got) == N and not dead, err[-3000:]
+    assert second.returncode == 0, err[-3000:]
+    assert _committed(kafka, group, topics.isolations) == N
