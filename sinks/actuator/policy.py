@@ -50,15 +50,16 @@ Decision = Literal["act", "dry_run", "alert_only", "denied", "duplicate", "cappe
 
 
 def fault_key(cmd: IsolationCommand) -> str:
-    """The fault's identity, whatever id the pipeline gave the command.
+    """The fault's identity (and the action asked for it), whatever id the pipeline gave
+    the command.
 
     >>> c = IsolationCommand(id="x", ts_us=1, job="j", host="h3", fault="noncomm_hang",
     ...                      action="cordon", confidence=1, reason="", evidence={}, gpu=2)
     >>> fault_key(c)
-    '["j","h3","noncomm_hang",2,null,null]'
+    '["j","h3","noncomm_hang",2,null,null,"cordon"]'
     """
     return msgspec.json.encode(
-        [cmd.job, cmd.host, cmd.fault, cmd.gpu, cmd.nic, cmd.peer_host]
+        [cmd.job, cmd.host, cmd.fault, cmd.gpu, cmd.nic, cmd.peer_host, cmd.action]
     ).decode()
 
 
