@@ -35,7 +35,7 @@ from tests.chaos.harness import (
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos_long]
 
 
-def through(w: WorkerProcess, bootstrap: str, topic: str, timeout: float = 90) -> dict:
+def through(w: WorkerProcess, bootstrap: str, topic: str, timeout: float = 150) -> dict:
     """Until the worker's group has committed every message of ``topic`` as processed
     (Faust commits after processing, every second)."""
     group = w.config.group_id()
@@ -47,13 +47,14 @@ def through(w: WorkerProcess, bootstrap: str, topic: str, timeout: float = 90) -
     return w.status()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("when", ["before", "during", "after"])
 def test_worker_sigkill_around_a_decision(kafka_bootstrap: str, tmp_path: Path, when: str) -> None:
     good = trace()
     msgs = as_messages(good)
     t0 = min(e.ts_us for b in good for e in b)
-    cfg = worker_config(kafka_bootstrap, tmp_path / "w")
+    # info: a restart that stalls (seen once under load after the merge) leaves a trail
+    cfg = worker_config(kafka_bootstrap, tmp_path / "w", loglevel="info")
     topics = cfg.topics()
     w = start_worker_process(cfg)
     try:
@@ -114,7 +115,7 @@ def test_worker_sigkill_around_a_decision(kafka_bootstrap: str, tmp_path: Path, 
     assert hosts == ["node-002"]  # acted once, whatever was sent twice
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_broker_stop_and_start_mid_stream(tmp_path: Path) -> None:
     good = trace()
     msgs = as_messages(good)
