@@ -6,7 +6,7 @@ the two baselines of :mod:`bench.baselines` side by side, scores all three with
 :mod:`streams.scoring`, and prints one table row per (fault class and severity,
 detector)::
 
-    python -m bench.bench_quality                 # full suite: 90 runs, 128-1024 GPUs
+    python -m bench.bench_quality                 # full suite: 108 runs, 128-1024 GPUs
     python -m bench.bench_quality --quick         # 2 runs per group (128, 256 GPUs), < 1 min
     python -m bench.bench_quality --markdown bench/results/quality.md --json runs.json
 

@@ -7,7 +7,7 @@ the faulty host/GPU/NIC, and the fault's start (20–30 s, after the detectors'
 start-up). Slow faults and benign runs last 60–75 s; hang runs last until 615 s
 after the hang so that the 10-minute watchdog baseline gets its chance to fire.
 
-Default: 6 seeds per group (90 runs); ``--quick``: 2 seeds at 128 and 256 GPUs.
+Default: 6 seeds per group (108 runs); ``--quick``: 2 seeds at 128 and 256 GPUs.
 
 Groups:
 
@@ -18,14 +18,17 @@ slow_link 0.6/0.3      one direction of one link (host → next host on its DP r
 rank_hang              one GPU's process stops (its exporter still reports)
 host_down              a whole host goes silent
 link_hang              one link stops moving bytes
+… from t=0             a straggler ×1.15 and a slow NIC 0.6 present from the first
+                       collective (a restarted job with a degraded node still in it)
 benign: …              checkpoint (30 s job-wide pause), fabric congestion (10 s at
                        1/3 bandwidth), one-iteration GPU blip (4×), 50 ms clock offset,
+                       a late role (one GPU position of every host ×1.2 from t=0),
                        and a healthy run: nothing may be isolated
 ====================  ===============================================================
 
 >>> s = suite(quick=True)
 >>> len(s), s[0].group, [x.config.gpus for x in s[:2]]
-(30, 'straggler ×1.15', [128, 256])
+(36, 'straggler ×1.15', [128, 256])
 >>> sorted({x.config.gpus for x in suite()})
 [128, 256, 512, 1024]
 >>> [f.kind for f in s[0].config.faults]
@@ -65,6 +68,8 @@ class Group(msgspec.Struct, kw_only=True, frozen=True):
     kind: str
     """A simulator fault kind, or ``benign:<kind>``, or ``healthy``."""
     severity: float | None = None
+    from_start: bool = False
+    """The fault is present from the first collective (start 0 s)."""
 
     @property
     def benign(self) -> bool:
@@ -84,10 +89,13 @@ GROUPS: tuple[Group, ...] = (
     Group(name="rank_hang", kind="rank_hang"),
     Group(name="host_down", kind="host_down"),
     Group(name="link_hang", kind="link_hang"),
+    Group(name="straggler ×1.15 from t=0", kind="straggler", severity=1.15, from_start=True),
+    Group(name="slow_nic 0.6 from t=0", kind="slow_nic", severity=0.6, from_start=True),
     Group(name="benign: checkpoint 30 s", kind="benign:checkpoint"),
     Group(name="benign: congestion", kind="benign:congestion"),
     Group(name="benign: GPU blip", kind="benign:blip"),
     Group(name="benign: clock offset", kind="benign:clock_offset"),
+    Group(name="benign: late role", kind="benign:role_late"),
     Group(name="healthy", kind="healthy"),
 )
 
@@ -142,6 +150,8 @@ def build(
     )
     host, gpu, nic = rng.randrange(hosts), rng.randrange(gph), rng.randrange(gph)
     start = round(rng.uniform(20.0, 30.0), 2)
+    if group.from_start:
+        start = 0.0
     faults: list[FaultSpec] = []
     benign: list[BenignSpec] = []
     duration = 60.0
@@ -177,6 +187,8 @@ def build(
         benign.append(BenignSpec(kind="blip", start_s=start, host=host, gpu=gpu, severity=4.0))
     elif kind == "benign:clock_offset":
         benign.append(BenignSpec(kind="clock_offset", host=host, severity=50.0))
+    elif kind == "benign:role_late":
+        benign.append(BenignSpec(kind="role_late", start_s=0.0, gpu=gpu, severity=1.2))
     elif kind != "healthy":
         raise ValueError(f"unknown group kind {kind!r}; use one of GROUPS")
     watch = None

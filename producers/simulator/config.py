@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 FaultKind = Literal["straggler", "slow_nic", "slow_link", "rank_hang", "host_down", "link_hang"]
-BenignKind = Literal["checkpoint", "congestion", "blip", "clock_offset"]
+BenignKind = Literal["checkpoint", "congestion", "blip", "clock_offset", "role_late"]
 
 
 class SimConfigError(ValueError):
@@ -71,7 +71,10 @@ class BenignSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     checkpoint — every rank pauses for ``duration_s``; congestion — every network link
     runs at 1/``severity`` of its bandwidth for ``duration_s``; blip — GPU (host, gpu)
     computes one iteration ``severity`` times slower; clock_offset — host's clock is
-    off by ``severity`` milliseconds for the whole run.
+    off by ``severity`` milliseconds for the whole run; role_late — GPU index ``gpu``
+    of every host computes ``severity`` times longer from ``start_s`` on (its role: more
+    work by design, e.g. the rank that also logs or embeds), so that position is late
+    in every tensor-parallel group alike.
     """
 
     kind: BenignKind
@@ -232,8 +235,10 @@ def validate(cfg: SimConfig) -> SimConfig:
         where = f"benign {i} ({b.kind})"
         if b.kind in ("blip", "clock_offset"):
             _check_host(cfg, where, b.host)
-        if b.kind == "blip":
+        if b.kind in ("blip", "role_late"):
             _check_index(where, b.gpu, cfg.gpus_per_host, "gpu")
+        if b.kind == "role_late" and not b.severity >= 1:
+            raise SimConfigError(f"{where}: severity is a compute multiplier, use >= 1")
         if b.kind in ("checkpoint", "congestion") and not b.duration_s > 0:
             raise SimConfigError(f"{where}: duration_s must be positive")
         if b.kind == "congestion" and not b.severity >= 1:

@@ -20,7 +20,8 @@ How each fault acts on the model (times in simulated seconds):
 A fault with ``end_s`` set recovers then (a hung rank resumes, a dead host returns).
 
 Benign: checkpoints pause every rank at once; congestion slows every network link;
-a blip slows one GPU for one iteration; clock offsets shift a host's timestamps.
+a blip slows one GPU for one iteration; clock offsets shift a host's timestamps; a late
+role slows one GPU position on every host alike (a straggler everywhere is a role).
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ class Injection:
                 )
             elif b.kind == "clock_offset":
                 inj.clock_offset_s[int(b.host or 0)] += b.severity * 1e-3
+            elif b.kind == "role_late":
+                for h in range(H):
+                    inj.stragglers.append((h * G + (b.gpu or 0), b.start_s, INF, b.severity))
         if pauses:
             pauses.sort()
             inj.pauses = Pauses(np.array([p[0] for p in pauses]), np.array([p[1] for p in pauses]))

@@ -121,12 +121,12 @@ def ground_truth(config: SimConfig) -> GroundTruth:
         )
     benign = []
     for b in cfg.benign:
-        whole = b.kind == "clock_offset"
+        whole = b.kind in ("clock_offset", "role_late")
         benign.append(
             TrueBenign(
                 kind=b.kind,
                 host=names[b.host] if b.host is not None else None,
-                gpu=b.gpu if b.kind == "blip" else None,
+                gpu=b.gpu if b.kind in ("blip", "role_late") else None,
                 start_us=_us(0 if whole else b.start_s),
                 end_us=_us(cfg.duration_s if whole else b.start_s + b.duration_s),
                 severity=b.severity,

@@ -30,6 +30,9 @@ the ``comm-state`` table, on the partition its events came from, every
 ``checkpoint_every_events`` events or ``checkpoint_every_s`` seconds, and on revocation
 and clean stop; the next owner restores it with ``from_bytes`` the first time it sees
 that communicator. A crash loses at most one checkpoint interval of detector state.
+Checkpoint bytes are versioned msgpack (:mod:`streams.core.checkpoint`), never
+unpickled; bytes the core refuses (corrupt, foreign, a forged pickle) go to
+``c4.deadletter`` and that communicator (or correlator) starts afresh.
 """
 
 from streams.app.settings import WorkerConfig, WorkerConfigError, load_worker_config

@@ -13,7 +13,7 @@ from typing import Any
 
 from c4base.deadletter import DeadLetter
 
-__all__ = ["CLOCK_HEADER", "DeadLetterPublisher", "Record", "dead_letter"]
+__all__ = ["CLOCK_HEADER", "DeadLetterPublisher", "Record", "dead_letter", "refused_checkpoint"]
 
 STAGE = "worker"
 
@@ -76,6 +76,23 @@ def _header(headers: Any, name: str) -> bytes | None:
 def dead_letter(record: Record, reason: str) -> DeadLetter:
     return DeadLetter.of(
         record.value, reason=reason, stage=STAGE, source=record.source, key=record.key
+    )
+
+
+def refused_checkpoint(key: bytes, data: bytes, err: Exception) -> DeadLetter:
+    """A checkpoint the core refused to read (corrupt, foreign, a pickle): its bytes go
+    to the dead letters, its state starts afresh.
+
+    >>> dl = refused_checkpoint(b"0xa", b"junk", ValueError("not a checkpoint"))
+    >>> dl.source, dl.reason
+    ('checkpoint:0xa', 'checkpoint refused, state starts afresh: not a checkpoint')
+    """
+    return DeadLetter.of(
+        data,
+        reason=f"checkpoint refused, state starts afresh: {err}",
+        stage=STAGE,
+        source=f"checkpoint:{key.decode('utf-8', 'replace')}",
+        key=key,
     )
 
 

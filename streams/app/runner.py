@@ -3,10 +3,12 @@ restore / checkpoint / flush cycle of keyed state kept in a Faust table.
 
 A runner owns state objects (a communicator's detector, a host correlator), each under
 a table key on the partition its input came from. It restores one from its last
-checkpoint the first time it is needed, checkpoints it every N events or S seconds
-(:class:`~streams.app.checkpoint.CheckpointSchedule`), and on revocation or a clean stop
-checkpoints every dirty one and, when told, forgets them. Only what to judge differs,
-in :mod:`streams.app.detect_runner` and :mod:`streams.app.correlate_runner`.
+checkpoint the first time it is needed (bytes the core refuses — corrupt, foreign, a
+forged pickle — become a dead letter and the state starts afresh), checkpoints it every
+N events or S seconds (:class:`~streams.app.checkpoint.CheckpointSchedule`), and on
+revocation or a clean stop checkpoints every dirty one and, when told, forgets them.
+Only what to judge differs, in :mod:`streams.app.detect_runner` and
+:mod:`streams.app.correlate_runner`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Generic, Protocol, TypeVar
 
 from c4base.deadletter import DeadLetter
 from streams.app.checkpoint import CheckpointSchedule
+from streams.app.deadletter import refused_checkpoint
 from streams.commands import IsolationCommand
 from streams.verdicts import Verdict
 
@@ -89,6 +92,8 @@ class StateRunner(Generic[K]):
         self.schedule = CheckpointSchedule(checkpoint_every_events, checkpoint_every_s)
         self.wall = clock
         self.stats = RouterStats()
+        self._refused: list[DeadLetter] = []
+        """Checkpoints the core would not read, as dead letters for the next output."""
 
     # ------------------------------------------------------------ to override
     def _locate(self, key: K) -> tuple[int, bytes, Checkpointable] | None:
@@ -119,8 +124,9 @@ class StateRunner(Generic[K]):
         if data is not None:
             try:
                 state = load(data)
-            except Exception:
-                log.exception("checkpoint of %s unreadable; starting afresh", what)
+            except Exception as err:  # corrupt or foreign bytes: never run, dead-lettered
+                log.warning("checkpoint of %s refused (%s); starting afresh", what, err)
+                self._refused.append(refused_checkpoint(table_key, data, err))
             else:
                 self.stats.restored += 1
                 log.info("restored %s from its checkpoint (%d bytes)", what, len(data))
@@ -160,6 +166,9 @@ class StateRunner(Generic[K]):
         return out
 
     def _count(self, out: Output) -> None:
+        if self._refused:
+            out.deadletters.extend(self._refused)
+            self._refused.clear()
         st = self.stats
         st.verdicts += len(out.verdicts)
         st.commands += len(out.commands)

@@ -2,8 +2,10 @@
 
 The same objects run in the Faust agents, in ``c4stream detect`` and in the tests:
 
-- :class:`CommDetector` — all state of one communicator (hangs, stragglers, slow
-  connections, its learned normal);
+- :class:`~streams.core.detector.Detector` — the contract of one fault class's
+  detector (hang, straggler, slow connection, river model), stated once;
+- :class:`CommDetector` — one communicator: the state its detectors share and the
+  detectors chosen by ``DetectConfig.detectors``;
 - :class:`HostCorrelator` — joins verdicts per host and applies the safety rails;
 - :class:`DetectionPipeline` — the broker-free path through both, in event time;
 - :func:`streams.core.snapshot.judge_snapshot` — one snapshot (every rank's Flight
@@ -14,5 +16,14 @@ from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.core.correlate import HostCorrelator
 from streams.core.pipeline import DetectionPipeline
+from streams.core.registry import DETECTORS, build_detectors
 
-__all__ = ["CommDetector", "DetectConfig", "DetectionPipeline", "HostCorrelator", "PolicyConfig"]
+__all__ = [
+    "DETECTORS",
+    "CommDetector",
+    "DetectConfig",
+    "DetectionPipeline",
+    "HostCorrelator",
+    "PolicyConfig",
+    "build_detectors",
+]

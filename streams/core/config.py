@@ -13,11 +13,15 @@ True
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
+from river import anomaly
+from river.base import AnomalyDetector
 
 from streams.commands import Action, Fault
 
-__all__ = ["DetectConfig", "PolicyConfig"]
+__all__ = ["DetectConfig", "DetectorName", "PolicyConfig", "RiverConfig"]
 
 
 def _default_actions() -> dict[Fault, Action]:
@@ -30,11 +34,55 @@ def _default_actions() -> dict[Fault, Action]:
     }
 
 
+DetectorName = Literal["hang", "straggler", "slow_conn", "river"]
+
+
+class RiverConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The ``river`` detector: a river anomaly model over per-rank window features.
+
+    ``model`` names a class of ``river.anomaly`` (an ``AnomalyDetector``, e.g.
+    ``HalfSpaceTrees``); ``params`` are its keyword arguments (plain values). The
+    default params suit HalfSpaceTrees on small communicators: its reference window
+    (``window_size``) must fit in ``history_windows`` × ranks samples, or it scores 0;
+    set ``params`` anew when choosing another model."""
+
+    model: str = "HalfSpaceTrees"
+    params: dict[str, float | int | str | bool] = msgspec.field(
+        default_factory=lambda: {"window_size": 16, "n_trees": 10, "height": 6}
+    )
+    threshold: float = 0.8
+    """Anomaly score (model's ``score_one``, clipped to [0, 1]) from which a rank is
+    reported."""
+    history_windows: int = 6
+    """Windows of per-rank features the model is trained on (the newest first)."""
+    min_peer_time_x: float = 1.05
+    """... and only a rank whose peers waited at least this much longer than it (the
+    model ranks; the physics of a collective keeps jitter out)."""
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        # a name inside river.anomaly, never a dotted path: nothing else can be built
+        cls = getattr(anomaly, self.model, None) if not self.model.startswith("_") else None
+        if not (isinstance(cls, type) and issubclass(cls, AnomalyDetector)):
+            names = [n for n in anomaly.__all__ if issubclass(getattr(anomaly, n), AnomalyDetector)]
+            raise ValueError(
+                f"river model {self.model!r} is not a river.anomaly detector; "
+                f"use one of {', '.join(sorted(names))}"
+            )
+
+
 class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Thresholds and windows of the per-communicator detectors (times in µs).
 
     Defaults suit a training job with iterations of ~0.1-2 s and heartbeats every ~1 s.
     """
+
+    detectors: list[DetectorName] = msgspec.field(
+        default_factory=lambda: ["hang", "straggler", "slow_conn"]
+    )
+    """Which detectors run on every communicator (streams.core.registry), in this order."""
+    river: RiverConfig = RiverConfig()
+    """Settings of the ``river`` detector (used when it is listed in ``detectors``)."""
 
     window_us: int = 5_000_000
     """Event-time window over which straggler and slow-connection evidence is judged."""
@@ -68,11 +116,6 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """... and its peers waited at least this fraction longer than it, on median."""
     straggler_min_z: float = 4.0
     """... and its lateness stands this many robust standard deviations above the others."""
-    learn_lateness: bool = True
-    """Score each rank's lateness against its own learned usual lateness (EWMA over
-    windows without a straggler verdict), not only against its peers in the window."""
-    lateness_alpha: float = 0.1
-    """EWMA weight of a new window in a rank's usual lateness (after the first windows)."""
 
     # --- slow connection ---------------------------------------------------------
     conn_sample_every: int = 2
@@ -85,6 +128,11 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """A connection is slow below this fraction of its communicator's median throughput."""
     slow_min_cells: int = 3
     """Inter-host connections per window needed before the throughput matrix is judged."""
+
+    def __post_init__(self) -> None:
+        dup = sorted({d for d in self.detectors if self.detectors.count(d) > 1})
+        if dup:  # one state per detector name in a checkpoint
+            raise ValueError(f"detectors lists {', '.join(dup)} more than once")
 
 
 class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -121,5 +169,10 @@ class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     job_wide_window_us: int = 5_000_000
     slow_min_windows: int = 2
     """Distinct windows (or communicators) needed for a straggler or slow NIC/link."""
+    role_replicas: int = 3
+    """A straggler finding whose rank position is late on this many hosts, in
+    communicators of the same shape (hosts, ranks), within the horizon is a role, not
+    a fault: a faulty GPU is late at its own position on its own host, so independent
+    faults at one position of one shape on three hosts at once are implausible."""
     slow_min_score: float = 1.4
     """Summed verdict score needed for a straggler or slow NIC/link."""

@@ -38,13 +38,28 @@ waited 4.0 s.
 from __future__ import annotations
 
 import math
-import pickle
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from streams.commands import Action, IsolationCommand
+from streams.core import checkpoint as ck
 from streams.core.config import PolicyConfig
+from streams.core.findings import (
+    Census,
+    CommHangEvidence,
+    Evidence,
+    HangEvidence,
+    Silent,
+    SlowEvidence,
+    StragglerEvidence,
+    Waiting,
+    comm_facts,
+    evidence_of,
+    observation_of,
+)
 from streams.core.stats import stable_id
 from streams.verdicts import Verdict
 
@@ -63,7 +78,7 @@ class _Entry:
     score: float
     comp: tuple
     intra: bool
-    ev: dict[str, Any]
+    ev: Evidence
 
 
 @dataclass(slots=True)
@@ -95,28 +110,39 @@ class HostCorrelator:
         job's size), or the largest communicator a verdict came from."""
         self.job_host_names: dict[str, set[str]] = {}
         self.suppressed = 0
+        self.roles: dict[tuple[str, int, int, int], dict[str, int]] = {}
+        """(job, comm hosts, ranks, position) -> {suspect host: last ts}: straggler
+        findings per rank position of communicators of one shape. The same position
+        late on several hosts (in several replicas) is a role (more work by design, or
+        held up by a slow rail it shares), not a faulty GPU: a faulty GPU is late at its
+        own position on its own host (its host-mates, held up by it, make that host
+        late in every replica too: one host, not a role), and in every communicator it
+        belongs to (a GPU flagged in communicators of two shapes is never a role)."""
 
     # ------------------------------------------------------------------ public API
     def observe(self, verdict: Verdict) -> list[IsolationCommand]:
+        """Take one verdict (evidence read as its typed struct; ``ValueError`` when a
+        field has the wrong type); returns the commands it decided."""
         v = verdict
         self.now = max(self.now, v.ts_us)
-        hosts = v.evidence.get("comm_hosts")
-        if isinstance(hosts, int) and hosts > self.job_hosts.get(v.job, 0):
+        hosts = comm_facts(v.evidence).comm_hosts
+        if hosts > self.job_hosts.get(v.job, 0):
             self.job_hosts[v.job] = hosts
         if v.benign:
-            if v.evidence.get("role") == "census":
+            note = observation_of(v.evidence)
+            if isinstance(note, Census):
                 names = self.job_host_names.setdefault(v.job, set())
-                names.update(v.evidence.get("hosts", []))
+                names.update(note.hosts)
                 self.job_hosts[v.job] = max(self.job_hosts.get(v.job, 0), len(names))
                 return []
-            if v.evidence.get("role") == "silent":
+            if isinstance(note, Silent):
                 gone = self.silent.setdefault((v.job, v.host), {})
-                for g in v.evidence.get("gpus", []):
+                for g in note.gpus:
                     gone[int(g)] = v.ts_us
                 return []
-            if v.evidence.get("role") == "waiting":
-                extra = v.evidence.get("extra_ms") or [0.0] * len(v.evidence.get("gpus", []))
-                for g, x in zip(v.evidence.get("gpus", []), extra, strict=False):
+            if isinstance(note, Waiting):
+                extra = note.extra_ms or [0.0] * len(note.gpus)
+                for g, x in zip(note.gpus, extra, strict=False):
                     wkey = (v.job, v.host, int(g), v.fault)
                     notes = self.waiting.setdefault(wkey, {})
                     first = notes[v.comm][0] if v.comm in notes else v.ts_us
@@ -135,10 +161,11 @@ class HostCorrelator:
         if ep is None:
             ep = self.episodes[key] = _Episode(first_window=v.window_start_us)
         comp = (v.gpu, v.nic, v.peer_host)
-        intra = v.evidence.get("comm_hosts") == 1
-        ep.entries.append(
-            _Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, v.evidence)
-        )
+        ev = evidence_of(v.fault, v.evidence)
+        intra = ev.comm_hosts == 1
+        ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, ev))
+        if isinstance(ev, StragglerEvidence) and ev.position >= 0:
+            self._note_role(v.job, v.host, v.ts_us, ev)
         cmd = self._decide(key, ep)
         return [cmd] if cmd else []
 
@@ -155,19 +182,18 @@ class HostCorrelator:
         return out
 
     def to_bytes(self) -> bytes:
-        state = {k: v for k, v in self.__dict__.items() if k != "config"}
-        return pickle.dumps(state, protocol=5)
+        """A checkpoint: versioned msgpack (:mod:`streams.core.checkpoint`), no pickle."""
+        return ck.encode("correlator", _SCHEMA, _state_of(self))
 
     @classmethod
     def from_bytes(cls, data: bytes, config: PolicyConfig) -> HostCorrelator:
-        obj = cls.__new__(cls)
-        obj.__dict__.update(pickle.loads(data))
-        obj.config = config
-        obj.__dict__.setdefault("silent", {})
-        obj.__dict__.setdefault("job_host_names", {})
-        if "_waiting_last" not in obj.__dict__:  # a checkpoint from before this index
-            obj._waiting_last = {k: max(x[1] for x in t.values()) for k, t in obj.waiting.items()}
-        return obj
+        """The correlator back from :meth:`to_bytes`; raises
+        :class:`~streams.core.checkpoint.CheckpointError` for anything else."""
+        st = ck.decode(data, "correlator", {_SCHEMA: _CorrelatorState})
+        try:
+            return _from_state(st, cls(config))
+        except ValueError as err:  # evidence of a wrong type inside the checkpoint
+            raise ck.CheckpointError(f"correlator checkpoint: {err}") from None
 
     # ------------------------------------------------------------------ internals
     def _prune(self) -> None:
@@ -182,6 +208,28 @@ class HostCorrelator:
             del self.silent[k]
         for k in [k for k, t in self.cooldown.items() if t < self.now]:
             del self.cooldown[k]
+        cut = self.now - self.config.horizon_us
+        for k, seen in list(self.roles.items()):
+            for c in [c for c, ts in seen.items() if ts < cut]:
+                del seen[c]
+            if not seen:
+                del self.roles[k]
+
+    def _note_role(self, job: str, host: str, ts: int, ev: StragglerEvidence) -> None:
+        seen = self.roles.setdefault((job, ev.comm_hosts, ev.nranks, ev.position), {})
+        seen[host] = ts
+        if len(seen) > _MAX_ENTRIES:  # bounded: forget the oldest
+            del seen[min(seen, key=lambda h: (seen[h], h))]
+
+    def _role(self, job: str, e: _Entry) -> bool:
+        """The entry's rank position is late on ``role_replicas`` or more hosts in
+        communicators of its shape within the horizon: a role, not this GPU's fault."""
+        ev = e.ev
+        if not isinstance(ev, StragglerEvidence) or ev.position < 0:
+            return False
+        seen = self.roles.get((job, ev.comm_hosts, ev.nranks, ev.position), {})
+        cut = self.now - self.config.horizon_us
+        return sum(1 for ts in seen.values() if ts >= cut) >= self.config.role_replicas
 
     def _live(self, key: tuple[str, str, str], ep: _Episode) -> list[_Entry]:
         cut = self.now - self.config.horizon_us
@@ -189,19 +237,27 @@ class HostCorrelator:
         out = [e for e in ep.entries if e.ts >= cut]
         if fault in ("noncomm_hang", "straggler"):
             out = [e for e in out if not self._victim(job, host, fault, e)]
+        if fault == "straggler":
+            # a faulty GPU is late in every communicator it belongs to; a role, or a
+            # GPU held up by a slow rail, only in the replicas of one shape
+            shapes: dict[int | None, set[tuple[int, int]]] = {}
+            for e in out:
+                shapes.setdefault(e.comp[0], set()).add((e.ev.comm_hosts, e.ev.nranks))
+            out = [e for e in out if len(shapes[e.comp[0]]) > 1 or not self._role(job, e)]
         return out
 
     def _victim(self, job: str, host: str, fault: str, e: _Entry) -> bool:
         """A GPU that waits in some other collective is a victim, not the cause: a hang
         holds its peers inside collectives; a straggler's (or a slow ring's) delay shows
         as extra kernel time in the communicator where the GPU waited."""
-        if e.comp[0] is None or e.ev.get("silent"):
+        if e.comp[0] is None or (isinstance(e.ev, HangEvidence) and e.ev.silent):
             return False
         notes = self.waiting.get((job, host, e.comp[0], fault), {})
         for comm, (first, last, extra_ms) in notes.items():
             if comm == e.comm or not first - _WAIT_MEMORY_US <= e.ts <= last + _WAIT_MEMORY_US:
                 continue
-            if fault != "straggler" or extra_ms >= 0.5 * float(e.ev.get("late_ms", 0.0)):
+            late_ms = e.ev.late_ms if isinstance(e.ev, StragglerEvidence) else 0.0
+            if fault != "straggler" or extra_ms >= 0.5 * late_ms:
                 return True
         return False
 
@@ -235,6 +291,13 @@ class HostCorrelator:
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
         comp, chosen = self._component(fault, list(best.values()))
+        if fault == "straggler" and _gpu_unclear(comp, list(best.values())):
+            # the host is late in communicators across hosts on several GPUs alike
+            # (one slow GPU holds its host-mates up): its host's own communicator names
+            # the GPU; wait two more windows for it, then name the host
+            if len(windows) < cfg.slow_min_windows + 2:
+                return None
+            comp, chosen = (None, None, None), list(best.values())
         if fault == "noncomm_hang" and comp[0] is not None:
             first = min(e.ts for e in live)
             if self._silent_gpus(job, host, first) - {comp[0]}:  # its other GPUs went quiet
@@ -327,7 +390,7 @@ class HostCorrelator:
         w0 = min(e.window for e in chosen)
         w1 = max(e.ts for e in chosen)
         evidence: dict[str, Any] = {
-            "communicators": sorted({str(e.ev.get("comm_name", e.comm)) for e in chosen}),
+            "communicators": sorted({e.ev.comm_name or e.comm for e in chosen}),
             "comm_ids": sorted(used),
             "windows": len({e.window for e in chosen}),
             "verdicts": len(chosen),
@@ -354,6 +417,15 @@ class HostCorrelator:
             peer_host=peer,
             dry_run=cfg.dry_run,  # explicit: an actuator treats an absent dry_run as true
         )
+
+
+def _gpu_unclear(comp: tuple, entries: list[_Entry]) -> bool:
+    """The chosen GPU is not told apart: other GPUs of the host are late too, and no
+    communicator inside the host (which would name the one holding them up) voted
+    for it. (Votes cannot decide: the communicators' windows arrive one by one.)"""
+    if comp[0] is None or any(e.intra and e.comp[0] == comp[0] for e in entries):
+        return False
+    return any(e.comp[0] != comp[0] for e in entries)
 
 
 def ep_in_cooldown(c: HostCorrelator, key: tuple[str, str, str]) -> bool:
@@ -384,56 +456,67 @@ def _reason(
     on = _plural(n_comms, "communicator")
     span = f"{max(1.0, (w1 - w0) / 1e6):.0f} s"
     if fault == "straggler":
-        n = sum(int(e.ev.get("collectives", 0)) for e in es)
-        last = sum(e.ev.get("last_frac", 0) * e.ev.get("collectives", 0) for e in es) / max(n, 1)
-        vs = [e.ev["peer_time_vs_normal"] for e in es if e.ev.get("peer_time_vs_normal")]
-        px = _median([e.ev.get("peer_time_x", 1.0) for e in es])
+        st = [e.ev for e in es if isinstance(e.ev, StragglerEvidence)]
+        n = sum(x.collectives for x in st)
+        last = sum(x.last_frac * x.collectives for x in st) / max(n, 1)
+        vs = [x.peer_time_vs_normal for x in st if x.peer_time_vs_normal]
+        px = _median([x.peer_time_x for x in st])
         wait = (
             f"its peers waited {_median(vs):.1f}x their normal time"
             if vs
             else f"its peers spent {px:.1f}x its kernel time"
         )
-        if all(e.ev.get("arrival") == "enqueue_time" for e in es):  # snapshots without timing
-            late = _median([e.ev.get("late_ms", 0.0) for e in es])
+        if st and all(x.arrival == "enqueue_time" for x in st):  # snapshots without timing
+            late = _median([x.late_ms for x in st])
             wait = f"its peers waited {late:.1f} ms for it per collective (by enqueue times)"
+        if gpu is None:  # several GPUs alike: the host
+            gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None})
+            if gpus:
+                return (
+                    f"{host} is a straggler: its GPUs {', '.join(map(str, gpus))} arrived "
+                    f"last in {last:.0%} of {n} collectives on {on} over {span}, {wait}; no "
+                    "communicator inside the host names one GPU."
+                )
         who = f"{host} GPU {gpu}" if gpu is not None else host
         return (
             f"{who} is a straggler: it arrived last in {last:.0%} of {n} "
             f"collectives on {on} over {span}, {wait}."
         )
     if fault == "noncomm_hang":
-        tgt = sorted({e.ev.get("target_collective") for e in es if "target_collective" in e.ev})
-        wait = max((e.ev.get("wait_s", 0.0) for e in es), default=0.0)
+        hs = [e.ev for e in es if isinstance(e.ev, HangEvidence)]
+        tgt = sorted({x.target_collective for x in hs if x.target_collective >= 0})
+        wait = max((x.wait_s for x in hs), default=0.0)
         coll = f"collective {tgt[0]}" if len(tgt) == 1 else "the current collective"
         gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None} | (silent_gpus or set()))
         if gpu is None and len(gpus) >= 2:  # the host as a whole
-            silent = all(e.ev.get("silent") for e in es) or bool(silent_gpus)
+            silent = all(x.silent for x in hs) or bool(silent_gpus)
             gone = "went silent" if silent else "stopped as a whole"
             return (
                 f"{host} {gone}: {_plural(len(gpus), 'GPU')} "
                 f"({', '.join(map(str, gpus))}) stopped while their peers waited {wait:.1f} s "
                 f"in {coll} on {on}; the host, not one GPU, is at fault."
             )
-        if gpu is None and any(e.ev.get("silent") for e in es):
+        if gpu is None and any(x.silent for x in hs):
             return (
                 f"{host} went silent: {_plural(len(gpus), 'GPU')} stopped reporting on "
                 f"{on} while their peers waited {wait:.1f} s in {coll}."
             )
         who = f"{host} GPU {gpu}" if gpu is not None else host
-        if all(e.ev.get("silent") for e in es):
+        if all(x.silent for x in hs):
             return f"{who} went silent on {on} while its peers waited {wait:.1f} s in {coll}."
         return (
             f"{who} hangs: it has not started {coll} on {on} while its peers waited {wait:.1f} s."
         )
     if fault == "comm_hang":
-        wait = max((e.ev.get("wait_s", 0.0) for e in es), default=0.0)
-        why = es[-1].ev.get("why", "no progress")
+        cs = [e.ev for e in es if isinstance(e.ev, CommHangEvidence)]
+        wait = max((x.wait_s for x in cs), default=0.0)
+        why = cs[-1].why if cs else "no progress"
         what = f"link {host} {nic} -> {peer}" if peer else f"{host} {nic}"
         return (
             f"{what} is dead: a collective on {on} hung for {wait:.1f} s on all ranks "
             f"({why} on the connections it carries)."
         )
-    ratio = _median([e.ev.get("throughput_ratio", 1.0) for e in es])
+    ratio = _median([e.ev.throughput_ratio for e in es if isinstance(e.ev, SlowEvidence)])
     windows = len({e.window for e in es})
     if fault == "slow_nic":
         return (
@@ -444,3 +527,91 @@ def _reason(
         f"link {host} {nic} -> {peer} is slow: it moved {ratio:.0%} of the median "
         f"throughput in {_plural(windows, 'window')} over {span} on {on}."
     )
+
+
+# ---------------------------------------------------------------------- checkpoints
+_SCHEMA = 1
+
+
+class _EntryState(msgspec.Struct, array_like=True):
+    ts: int
+    comm: str
+    window: int
+    score: float
+    gpu: int | None
+    nic: str | None
+    peer: str | None
+    intra: bool
+    ev: dict[str, Any]
+
+
+class _EpisodeState(msgspec.Struct, array_like=True):
+    job: str
+    host: str
+    fault: str
+    first_window: int
+    decided: str
+    entries: list[_EntryState]
+
+
+class _CorrelatorState(msgspec.Struct, array_like=True):
+    now: int
+    episodes: list[_EpisodeState]
+    waiting: list[tuple[str, str, int, str, str, int, int, float]]
+    """(job, host, gpu, fault, comm, first ts, last ts, extra ms)"""
+    silent: list[tuple[str, str, int, int]]
+    cooldown: list[tuple[str, str, int]]
+    isolated: dict[str, list[int]]
+    job_hosts: dict[str, int]
+    job_host_names: dict[str, list[str]]
+    suppressed: int
+    roles: list[tuple[str, int, int, int, str, int]]
+    """(job, comm hosts, ranks, position, suspect host, last ts)"""
+
+
+def _state_of(c: HostCorrelator) -> _CorrelatorState:
+    eps = [
+        _EpisodeState(job, host, fault, ep.first_window, ep.decided, [
+            _EntryState(e.ts, e.comm, e.window, e.score, e.comp[0], e.comp[1], e.comp[2],
+                        e.intra, msgspec.to_builtins(e.ev))
+            for e in ep.entries
+        ])
+        for (job, host, fault), ep in c.episodes.items()
+    ]  # fmt: skip
+    return _CorrelatorState(
+        now=c.now,
+        episodes=eps,
+        waiting=[(*k, comm, *v) for k, t in c.waiting.items() for comm, v in t.items()],
+        silent=[(*k, g, ts) for k, t in c.silent.items() for g, ts in t.items()],
+        cooldown=[(*k, ts) for k, ts in c.cooldown.items()],
+        isolated={j: list(q) for j, q in c.isolated.items()},
+        job_hosts=dict(c.job_hosts),
+        job_host_names={j: sorted(n) for j, n in c.job_host_names.items()},
+        suppressed=c.suppressed,
+        roles=[(*k, h, ts) for k, t in c.roles.items() for h, ts in t.items()],
+    )
+
+
+def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
+    c.now = st.now
+    for es in st.episodes:
+        ep = _Episode(first_window=es.first_window, decided=es.decided)
+        for e in es.entries:
+            ev = evidence_of(es.fault, e.ev)
+            ep.entries.append(
+                _Entry(e.ts, e.comm, e.window, e.score, (e.gpu, e.nic, e.peer), e.intra, ev)
+            )
+        c.episodes[(es.job, es.host, es.fault)] = ep
+    for job, host, gpu, fault, comm, first, last, extra in st.waiting:
+        c.waiting.setdefault((job, host, gpu, fault), {})[comm] = (first, last, extra)
+    c._waiting_last = {k: max(x[1] for x in t.values()) for k, t in c.waiting.items()}
+    for job, host, gpu, ts in st.silent:
+        c.silent.setdefault((job, host), {})[gpu] = ts
+    c.cooldown = {(job, host): ts for job, host, ts in st.cooldown}
+    c.isolated = {j: deque(q) for j, q in st.isolated.items()}
+    c.job_hosts = dict(st.job_hosts)
+    c.job_host_names = {j: set(n) for j, n in st.job_host_names.items()}
+    c.suppressed = st.suppressed
+    for job, hosts, nranks, pos, host, ts in st.roles:
+        c.roles.setdefault((job, hosts, nranks, pos), {})[host] = ts
+    return c

@@ -25,13 +25,32 @@ clock, and cumulative bytes (and retransmits) per connection of the in-flight op
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+import msgspec
 import numpy as np
 
+from streams.core import checkpoint as ck
+from streams.core.config import DetectConfig
+from streams.core.detector import Batch, CommView, Output, Window
+from streams.core.findings import (
+    CommHangEvidence,
+    Finding,
+    HangEvidence,
+    Observation,
+    Silent,
+    Waiting,
+)
 from streams.core.ranks import RankTable
 from streams.core.stats import median
 
-__all__ = ["HangFinding", "ProgressConns", "judge_hang", "localize_stalled"]
+__all__ = ["HangDetector", "HangFinding", "ProgressConns", "judge_hang", "localize_stalled"]
+
+_NEVER = -(2**62)
+
+
+def _s(us: float) -> str:
+    return f"{us / 1e6:.1f} s"
 
 
 @dataclass(slots=True)
@@ -161,3 +180,322 @@ def localize_stalled(pc: ProgressConns, target: int) -> list[tuple[int, int, str
     if 0 < len(stalled) <= max(1, len(cells) // 2):
         return [(c[0], c[1], "bytes stopped") for c in stalled]
     return []
+
+
+class _HangState(msgspec.Struct, array_like=True):
+    conns: list[tuple[int, int, bool, list[int]]]
+    """(rank, peer, is_send, [started, bytes, retrans, stalls, retrans growth, moved])"""
+    target: int
+    since: int
+    reported: dict[int, int]
+    silent_reported: list[int]
+    silent_noted: dict[int, int]
+    noted: dict[int, int]
+
+
+class HangDetector:
+    """Hangs of one communicator (both kinds) and the notes around them.
+
+    Judges on every tick: who is behind or silent while most ranks wait (a
+    non-communication hang), or which connections stopped when every rank waits (a
+    communication hang). A hang still present is reported again every
+    ``hang_repeat_us``, and at once when a culprit that was behind goes silent.
+    Notes (observations): GPUs waiting in a collective here (victims, sent at half the
+    threshold) and GPUs silent here while nobody waits for them.
+    """
+
+    name: ClassVar[str] = "hang"
+    _SCHEMA: ClassVar[int] = 1
+
+    def __init__(self, config: DetectConfig) -> None:
+        self.config = config
+        self.pconns = ProgressConns()
+        self._target = -1
+        self._since = -1
+        self._reported: dict[int, int] = {}
+        """culprit rank (-1: the communication hang) -> when it was last reported."""
+        self._silent_reported: set[int] = set()
+        """Culprits already reported as silent (a rank turning silent is news at once)."""
+        self._silent_noted: dict[int, int] = {}
+        """rank -> when it was last noted as silent (only while it is)."""
+        self._noted: dict[int, int] = {}
+        """rank -> when it was last noted as waiting (only while it waits)."""
+
+    # ------------------------------------------------------------ the contract
+    def grow(self, nranks: int) -> None:
+        pass  # per-rank state lives in dicts of the ranks concerned
+
+    def learn(self, view: CommView, batch: Batch) -> None:
+        if not batch.prog:
+            return
+        pc = self.pconns
+        if not (batch.started > batch.completed).any():  # the usual case: nothing in flight
+            if pc.by_rank:
+                for rank in batch.prog_rank.tolist():
+                    pc.by_rank.pop(rank, None)
+            return
+        # per-connection progress matters only for in-flight ops; events in order, since
+        # a rank may report twice in one batch
+        for e in batch.prog:
+            if e.started > e.completed:
+                if e.conns:
+                    pc.update(e.rank, e.started, e.conns)
+            elif pc.by_rank and e.rank in pc.by_rank:
+                pc.drop(e.rank)
+
+    def close_window(self, view: CommView, window: Window) -> Output:
+        return []
+
+    def tick(self, view: CommView) -> Output:
+        cfg = self.config
+        if not view.warm():
+            return []
+        # thr >= hang_floor_us, so notes start at hang_floor_us / 2 and hangs later
+        if self._quiet(view, cfg.hang_floor_us / 2):  # the usual case, in a few reductions
+            self._noted.clear()
+            self._silent_noted.clear()
+            self._forget_hang()
+            return []
+        thr = view.model.hang_threshold_us(cfg.hang_floor_us, cfg.hang_period_mult)
+        out = self._waiting_notes(view, min(thr, cfg.hang_floor_us) / 2)
+        f = judge_hang(
+            view.ranks,
+            view.now,
+            thr,
+            cfg.silent_us,
+            cfg.min_waiting_frac,
+            cfg.max_culprit_frac,
+            expect_all=view.now - view.first_us > cfg.warmup_us + cfg.silent_us,
+        )
+        if f is None:
+            self._forget_hang()
+            return out + self._silent_notes(view)
+        if f.target != self._target:
+            self._target = f.target
+            self._since = view.now - int(f.wait_us)
+            self._reported.clear()
+            self._silent_reported.clear()
+        start = self._since - self._since % 1_000_000
+        if f.kind == "noncomm":
+            out += self._noncomm(view, f, thr, start)
+        else:
+            out += self._comm(view, f, thr, start)
+        return out
+
+    def dump(self) -> bytes:
+        conns = [
+            (r, peer, is_send, e)
+            for r, mine in self.pconns.by_rank.items()
+            for (peer, is_send), e in mine.items()
+        ]
+        st = _HangState(
+            conns, self._target, self._since, self._reported, sorted(self._silent_reported),
+            self._silent_noted, self._noted,
+        )  # fmt: skip
+        return ck.encode(self.name, self._SCHEMA, st)
+
+    @classmethod
+    def load(cls, data: bytes, config: DetectConfig) -> HangDetector:
+        st = ck.decode(data, cls.name, {cls._SCHEMA: _HangState})
+        d = cls(config)
+        for r, peer, is_send, e in st.conns:
+            if len(e) != 6:
+                raise ck.CheckpointError(f"hang state: a connection has {len(e)} figures, not 6")
+            d.pconns.by_rank.setdefault(r, {})[(peer, is_send)] = list(e)
+        d._target, d._since = st.target, st.since
+        d._reported, d._silent_reported = dict(st.reported), set(st.silent_reported)
+        d._silent_noted, d._noted = dict(st.silent_noted), dict(st.noted)
+        return d
+
+    def nbytes(self) -> int:
+        small = len(self._reported) + len(self._silent_noted) + len(self._noted)
+        return self.pconns.nbytes() + 48 * small + 200
+
+    # ------------------------------------------------------------ judging
+    def _forget_hang(self) -> None:
+        self._target = -1
+        self._reported.clear()
+        self._silent_reported.clear()
+
+    def _quiet(self, view: CommView, note_us: float) -> bool:
+        """True when no rank can be silent or waiting: every rank was heard within
+        ``silent_us`` and no in-flight collective is older than ``note_us``. Then neither
+        the notes nor :func:`judge_hang` can find anything (same result, without their
+        two dozen array operations)."""
+        t = view.ranks
+        if t.n == 0:
+            return False
+        lo = int(t.last_recv.min())
+        if lo < 0 or view.now - lo > self.config.silent_us:
+            return False
+        infl = t.started > t.completed
+        if not infl.any():
+            return True
+        est = t.inflight_us[infl] + (view.now - t.prog_recv[infl])
+        return bool(est.max() <= note_us)
+
+    def _silent_notes(self, view: CommView) -> Output:
+        """Ranks silent here while most of their peers still report, though nobody waits
+        for them in this communicator (their peers may be held up elsewhere). Alone they
+        isolate nothing; they tell the correlator that a host whose GPU hangs elsewhere
+        has stopped as a whole."""
+        t, cfg, now = view.ranks, self.config, view.now
+        seen = t.last_recv >= 0
+        silent = seen & (now - t.last_recv > cfg.silent_us)
+        n_silent = int(silent.sum())
+        if n_silent == 0 or int(seen.sum()) - n_silent <= n_silent:  # a stop, not a fault
+            self._silent_noted.clear()
+            return []
+        noted, repeat = self._silent_noted, cfg.hang_repeat_us
+        new = [r for r in np.flatnonzero(silent).tolist()
+               if now - noted.get(r, _NEVER) >= repeat]  # fmt: skip
+        if not new:
+            return []
+        for r in new:
+            noted[r] = now
+        out: Output = []
+        for hi, rs in view.by_host(np.array(new, np.int64)).items():
+            if hi < 0:
+                continue
+            gpus = sorted({int(t.gpu[r]) for r in rs if t.gpu[r] >= 0})
+            quiet = now - int(t.last_recv[rs].max())
+            reason = (
+                f"{t.hosts[hi]} GPUs {gpus} have been silent for {_s(quiet)} in "
+                f"{view.label} while their peers still report."
+            )
+            start = now - quiet
+            start -= start % 1_000_000
+            note = Silent(gpus=gpus, silent_s=round(quiet / 1e6, 1))
+            out.append(Observation("noncomm_hang", t.hosts[hi], reason, start, now, note, rs))
+        return out
+
+    def _waiting_notes(self, view: CommView, note_us: float) -> Output:
+        """Sent early (half the hang threshold): these GPUs sit in a collective here, so
+        being behind in another communicator is not their fault."""
+        t, now = view.ranks, view.now
+        live = (t.last_recv >= 0) & (now - t.last_recv <= self.config.silent_us)
+        infl = live & (t.started > t.completed)
+        est = np.where(infl, t.inflight_us + (now - t.prog_recv), 0.0)
+        waiting = np.flatnonzero(est > note_us)
+        noted = self._noted
+        if waiting.size == 0:
+            noted.clear()
+            return []
+        # a rank is noted as soon as it waits, and again every hang_repeat_us
+        repeat = self.config.hang_repeat_us
+        waiting = np.array(
+            [r for r in waiting.tolist() if now - noted.get(r, _NEVER) >= repeat], np.int64
+        )
+        if waiting.size == 0:
+            return []
+        for r in waiting.tolist():
+            noted[r] = now
+        target = int(t.started[waiting].max())
+        wait_us = median(est[waiting])
+        start = now - int(wait_us)
+        start -= start % 1_000_000
+        gpu_of = dict(zip(waiting.tolist(), t.gpu[waiting].tolist(), strict=True))
+        out: Output = []
+        for hi, rs in view.by_host(waiting).items():
+            if hi < 0:
+                continue
+            gpus = sorted({gpu_of[r] for r in rs if gpu_of[r] >= 0})
+            reason = (
+                f"{t.hosts[hi]} GPUs {gpus} wait in collective {target} of "
+                f"{view.label} ({_s(wait_us)})."
+            )
+            note = Waiting(gpus=gpus, target_collective=target)
+            out.append(Observation("noncomm_hang", t.hosts[hi], reason, start, now, note, rs))
+        return out
+
+    def _noncomm(self, view: CommView, f: HangFinding, thr: float, start: int) -> Output:
+        out: Output = []
+        silent = set(f.silent.tolist())
+        t, now = view.ranks, view.now
+        for r in f.culprits.tolist():
+            last = self._reported.get(r)
+            newly_silent = r in silent and r not in self._silent_reported
+            if (
+                last is not None
+                and now - last < self.config.hang_repeat_us
+                and not newly_silent  # behind, now silent too: a dead host, say so now
+            ):
+                continue
+            self._reported[r] = now
+            if r in silent:
+                self._silent_reported.add(r)
+            peers = f"{f.waiting.size} peers have waited {_s(f.wait_us)} in it"
+            if r in silent:
+                quiet = now - int(t.last_recv[r]) if t.last_recv[r] >= 0 else None
+                what = f"went silent {_s(quiet)} ago" if quiet is not None else "was never heard"
+                reason = f"{view.who(r)} {what} while {peers} (collective {f.target})."
+            else:
+                reason = (
+                    f"{view.who(r)} has not started collective {f.target} while "
+                    f"{peers} (hang threshold {_s(thr)})."
+                )
+            ev = HangEvidence(
+                target_collective=f.target,
+                rank_started=int(t.started[r]),
+                silent=r in silent,
+                peers_waiting=int(f.waiting.size),
+                wait_s=round(f.wait_us / 1e6, 2),
+                threshold_s=round(thr / 1e6, 2),
+            )
+            score = min(1.0, 0.6 + 0.4 * f.wait_us / (2 * thr))
+            out.append(Finding("noncomm_hang", r, score, reason, start, now, ev, [r]))
+        return out
+
+    def _comm(self, view: CommView, f: HangFinding, thr: float, start: int) -> Output:
+        last = self._reported.get(-1)
+        if last is not None and view.now - last < self.config.hang_repeat_us:
+            return []
+        cells = localize_stalled(self.pconns, f.target)
+        if not cells:
+            return []
+        self._reported[-1] = view.now
+        t = view.ranks
+        out: Output = []
+        seen: set[tuple] = set()
+        senders = {c[0] for c in cells}
+        for snd, rcv, why in cells[:8]:
+            host, nic, peer = t.host_of(snd), t.nic_of(snd), t.host_of(rcv)
+            peer_hosts = {t.host_of(c[1]) for c in cells if c[0] == snd}
+            if len(peer_hosts) > 1:  # one NIC towards several hosts: the NIC, not a link
+                peer = None
+            key = (host, t.gpu_of(snd), nic, peer)
+            if key in seen:
+                continue
+            seen.add(key)
+            reason = (
+                f"{host} {nic or 'NIC'} stopped delivering to "
+                f"{peer or 'several hosts'} ({why}): collective {f.target} on "
+                f"{view.label} has hung for {_s(f.wait_us)} on all "
+                f"{f.waiting.size} ranks."
+            )
+            ev = CommHangEvidence(
+                target_collective=f.target,
+                stalled_conns=len(cells),
+                why=why,
+                sender_rank=snd,
+                receiver_rank=rcv,
+                senders=len(senders),
+                wait_s=round(f.wait_us / 1e6, 2),
+                threshold_s=round(thr / 1e6, 2),
+            )
+            score = 0.9 if "retrans" in why else 0.7
+            out.append(
+                Finding(
+                    "comm_hang",
+                    snd,
+                    score,
+                    reason,
+                    start,
+                    view.now,
+                    ev,
+                    [snd, rcv],
+                    nic=nic,
+                    peer_host=peer,
+                )  # fmt: skip
+            )
+        return out

@@ -25,12 +25,19 @@ slow → slow NIC on host 1. Had only (1,2) been slow, it is the link 1→2.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+import msgspec
 import numpy as np
 
+from producers.events import OpEvent
+from streams.core import checkpoint as ck
+from streams.core.config import DetectConfig
+from streams.core.detector import Batch, CommView, Output, Window
+from streams.core.findings import Finding, SlowEvidence
 from streams.core.stats import median
 
-__all__ = ["ConnMatrix", "SlowFinding"]
+__all__ = ["ConnMatrix", "SlowConnDetector", "SlowFinding"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +152,112 @@ class ConnMatrix:
 
     def nbytes(self) -> int:
         return sum(sum(a.nbytes for a in p) for p in self._parts)
+
+
+class _SlowState(msgspec.Struct, array_like=True):
+    sender: ck.Array
+    receiver: ck.Array
+    nbytes: ck.Array
+    time_us: ck.Array
+
+
+class SlowConnDetector:
+    """Slow NICs and links of one communicator, judged per window.
+
+    Fed the per-connection figures of sampled collectives (one in
+    ``conn_sample_every``, chosen by sequence number so every rank reports the same
+    ones); per window, the src×dst throughput matrix against its median cell. The
+    reference is the communicator's other connections in the same window, so a NIC
+    slow from the first collective is found like one that slows later. One finding
+    per NIC or link and window.
+    """
+
+    name: ClassVar[str] = "slow_conn"
+    _SCHEMA: ClassVar[int] = 1
+
+    def __init__(self, config: DetectConfig) -> None:
+        self.config = config
+        self.matrix = ConnMatrix()
+
+    def grow(self, nranks: int) -> None:
+        pass  # cells are kept only for the connections seen this window
+
+    def learn(self, view: CommView, batch: Batch) -> None:
+        every = self.config.conn_sample_every
+        if not batch.ops:
+            return
+        if every == 1:
+            sel = [e for e in batch.ops if e.conns]
+        else:
+            sel = [e for e in batch.ops if e.conns and e.seq % every == 0]
+        if sel:
+            self._add_conns(sel)
+
+    def _add_conns(self, sel: list[OpEvent]) -> None:
+        """Per-connection figures of these ops into the window's throughput matrix."""
+        flat = [c for e in sel for c in e.conns]  # type: ignore[union-attr]
+        lens = np.array([len(e.conns) for e in sel], np.int64)  # type: ignore[arg-type]
+        me = np.repeat(np.array([e.rank for e in sel], np.int64), lens)
+        peer = np.array([c.peer for c in flat], np.int64)
+        send = np.array([c.dir == "send" for c in flat], bool)
+        nb = np.array([c.bytes for c in flat], np.float64)
+        tu = np.array([c.time_us or 0.0 for c in flat], np.float64)
+        ok = tu > 0
+        snd, rcv = np.where(send, me, peer), np.where(send, peer, me)
+        if not ok.all():
+            snd, rcv, nb, tu = snd[ok], rcv[ok], nb[ok], tu[ok]
+        self.matrix.add_many(snd, rcv, nb, tu)
+
+    def tick(self, view: CommView) -> Output:
+        return []
+
+    def close_window(self, view: CommView, window: Window) -> Output:
+        out: Output = []
+        if window.judge:
+            cfg = self.config
+            found = self.matrix.judge(view.ranks.host_idx, cfg.slow_ratio, cfg.slow_min_cells)
+            out = [self._finding(view, f, window.start, window.end) for f in found]
+        self.matrix.reset()
+        return out
+
+    def dump(self) -> bytes:
+        s, d, b, t = self.matrix._fold()
+        st = _SlowState(ck.pack(s), ck.pack(d), ck.pack(b), ck.pack(t))
+        return ck.encode(self.name, self._SCHEMA, st)
+
+    @classmethod
+    def load(cls, data: bytes, config: DetectConfig) -> SlowConnDetector:
+        st = ck.decode(data, cls.name, {cls._SCHEMA: _SlowState})
+        d = cls(config)
+        parts = tuple(ck.unpack(x) for x in (st.sender, st.receiver, st.nbytes, st.time_us))
+        if len({p.shape for p in parts}) != 1 or parts[0].ndim != 1:
+            raise ck.CheckpointError("slow_conn state: cell arrays differ in shape")
+        if parts[0].size:
+            d.matrix._parts = [parts]  # type: ignore[list-item]
+        return d
+
+    def nbytes(self) -> int:
+        return self.matrix.nbytes() + 100
+
+    def _finding(self, view: CommView, f: SlowFinding, start: int, end: int) -> Finding:
+        t = view.ranks
+        host, nic = t.host_of(f.rank), t.nic_of(f.rank)
+        ev = SlowEvidence(
+            throughput_ratio=round(f.ratio, 3), cells=f.cells, median_gbs=round(f.median_gbs, 3)
+        )
+        score = min(1.0, max(0.5, 0.5 + 2 * (self.config.slow_ratio - f.ratio)))
+        if f.kind == "nic":
+            reason = (
+                f"{host} {nic or 'NIC'} moves {f.ratio:.0%} of the median throughput of "
+                f"{view.label} on its {f.cells} connections "
+                f"(median {f.median_gbs:.1f} GB/s)."
+            )
+            return Finding("slow_nic", f.rank, score, reason, start, end, ev, [f.rank], nic=nic)
+        assert f.peer is not None
+        peer = t.host_of(f.peer)
+        reason = (
+            f"link {host} {nic or ''} -> {peer} moves {f.ratio:.0%} of the median "
+            f"throughput of {view.label} (median {f.median_gbs:.1f} GB/s)."
+        )
+        return Finding("slow_link", f.rank, score, reason, start, end, ev, [f.rank, f.peer],
+                       nic=nic, peer_host=peer)  # fmt: skip

@@ -16,13 +16,24 @@ True
 
 from __future__ import annotations
 
-import math
 from hashlib import blake2b
 
+import msgspec
 import numpy as np
 from river import stats as rstats
 
-__all__ = ["NormalModel", "mad_sigma", "median", "robust_z", "stable_id"]
+from streams.core.checkpoint import CheckpointError
+
+__all__ = [
+    "NormalModel",
+    "NormalState",
+    "mad_sigma",
+    "median",
+    "quantile_from_state",
+    "quantile_state",
+    "robust_z",
+    "stable_id",
+]
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its sigma
 
@@ -65,15 +76,64 @@ def stable_id(*parts: object) -> str:
     return blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+class NormalState(msgspec.Struct, array_like=True):
+    op50: bytes | None
+    op90: bytes | None
+    period: bytes | None
+    n_ops: int
+    n_periods: int
+
+
+def quantile_state(q: rstats.Quantile) -> bytes | None:
+    """A river ``Quantile``'s state as plain bytes (None before its first value).
+
+    river keeps the P² markers in Rust; its ``__getstate__`` gives them as five
+    positions and heights packed as floats, which ``__setstate__`` reads back
+    without running any code (unlike unpickling)."""
+    if not q._is_updated:
+        return None
+    return bytes(q._quantile.__getstate__())
+
+
+def quantile_from_state(p: float, data: bytes | None) -> rstats.Quantile:
+    """The quantile back from :func:`quantile_state`; ``CheckpointError`` if unreadable.
+
+    >>> q = rstats.Quantile(0.5)
+    >>> for x in range(1, 100): q.update(float(x))
+    >>> quantile_from_state(0.5, quantile_state(q)).get() == q.get()
+    True
+    """
+    q = rstats.Quantile(p)
+    if data is None:
+        return q
+    # checked here, not by Rust: its decoder panics (loudly) on short input. Layout:
+    # the quantile, 4 x 5 markers (f64, little-endian), the count (<= 5), a flag.
+    if len(data) != _P2_BYTES or data[-1] > 1 or data[-2] > 5:
+        raise CheckpointError(f"quantile state of {len(data)} bytes is not a P2 state")
+    floats = np.frombuffer(data[: _P2_BYTES - 2], "<f8")
+    if floats[0] != p or not np.isfinite(floats).all():
+        raise CheckpointError(f"quantile state is not a finite p{p * 100:g} state")
+    try:
+        q._quantile.__setstate__(data)
+    except BaseException as err:  # a Rust decode error surfaces as a panic exception
+        if isinstance(err, KeyboardInterrupt | SystemExit):
+            raise
+        raise CheckpointError(f"quantile state unreadable: {err}") from None
+    q._is_updated = True
+    return q
+
+
+_P2_BYTES = 8 + 4 * 5 * 8 + 2
+
+
 class NormalModel:
     """What is normal for one communicator, learned online (river, O(1) state).
 
     - ``op``: kernel time of one collective on one rank (p50 and p90);
     - ``period``: time between two consecutive collectives on one rank (own clock);
-    - ``step``: per-collective median kernel time across ranks (what peers usually spend).
 
-    The hang threshold is a multiple of ``max(op p90, period p50)``; the step median is
-    the "normal time" against which peers' waiting is reported.
+    The hang threshold is a multiple of ``max(op p90, period p50)``. Checkpointed with
+    :meth:`state` / :meth:`from_state` (the quantiles' own plain state, no pickle).
     """
 
     def __init__(self) -> None:
@@ -83,14 +143,26 @@ class NormalModel:
         # hang threshold to 15 s (seen at 1,024 GPUs); p90 shrugs it off
         self._op90 = rstats.Quantile(0.9)
         self._period = rstats.Quantile(0.5)
-        self._step = rstats.Quantile(0.25)
         self.n_ops = 0
         self.n_periods = 0
 
-    def __setstate__(self, state: dict) -> None:
-        if "_op99" in state:  # a checkpoint from before p90: its p99 is a fair start
-            state["_op90"] = state.pop("_op99")
-        self.__dict__.update(state)
+    def state(self) -> NormalState:
+        return NormalState(
+            op50=quantile_state(self._op50),
+            op90=quantile_state(self._op90),
+            period=quantile_state(self._period),
+            n_ops=self.n_ops,
+            n_periods=self.n_periods,
+        )
+
+    @classmethod
+    def from_state(cls, st: NormalState) -> NormalModel:
+        m = cls()
+        m._op50 = quantile_from_state(0.5, st.op50)
+        m._op90 = quantile_from_state(0.9, st.op90)
+        m._period = quantile_from_state(0.5, st.period)
+        m.n_ops, m.n_periods = st.n_ops, st.n_periods
+        return m
 
     def learn_op(self, exec_us: float) -> None:
         self._op50.update(exec_us)
@@ -119,9 +191,6 @@ class NormalModel:
             update(x)
         self.n_periods += len(xs)
 
-    def learn_step(self, median_exec_us: float) -> None:
-        self._step.update(median_exec_us)
-
     def op_p50(self) -> float:
         return float(self._op50.get() or 0.0) if self.n_ops else 0.0
 
@@ -130,10 +199,6 @@ class NormalModel:
 
     def period(self) -> float:
         return float(self._period.get() or 0.0) if self.n_periods else 0.0
-
-    def step_normal(self) -> float:
-        v = self._step.get()
-        return float(v) if v is not None and not math.isnan(v) else 0.0
 
     def hang_threshold_us(self, floor_us: int, mult: float) -> float:
         """In-flight time beyond which a collective counts as hung for this communicator."""

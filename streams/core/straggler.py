@@ -23,11 +23,27 @@ collectives and whose log-lateness stands far above its peers' (median/MAD).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+import msgspec
 import numpy as np
+from river import stats as rstats
 
-from streams.core.stats import median
+from streams.core import checkpoint as ck
+from streams.core.config import DetectConfig
+from streams.core.detector import Batch, CommView, Output, Window
+from streams.core.findings import Finding, Observation, StragglerEvidence, Waiting
+from streams.core.stats import median, quantile_from_state, quantile_state
 
-__all__ = ["SeqAligner", "StragglerFinding", "judge_stragglers"]
+__all__ = [
+    "AlignerState",
+    "SeqAligner",
+    "StragglerDetector",
+    "StragglerFinding",
+    "aligner_from_state",
+    "aligner_state",
+    "judge_stragglers",
+]
 
 
 class SeqAligner:
@@ -41,30 +57,7 @@ class SeqAligner:
         self.exec = np.full((ring, nranks), np.nan, np.float32)
         self.count = np.zeros(ring, np.int32)
         self.opened = np.zeros(ring, np.int64)
-        self.base_lat = np.zeros(nranks, np.float32)
-        """Each rank's usual lateness (EWMA of its window mean log-lateness)."""
-        self.base_n = np.zeros(nranks, np.int16)
-        """Windows each rank's usual lateness was learned from (capped)."""
         self.reset_window()
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        if "base_lat" not in state:  # a checkpoint from before the learned lateness
-            self.base_lat = np.zeros(self.n, np.float32)
-            self.base_n = np.zeros(self.n, np.int16)
-
-    def learn_lateness(self, min_seqs: int, alpha: float) -> None:
-        """Fold this window's mean lateness of each rank into its usual lateness (call it
-        only for windows without a straggler verdict). The first windows weigh
-        1, 1/2, 1/3, ... then ``alpha``: a quick start, then a slow drift."""
-        seen = self.n_seq >= min_seqs
-        if not seen.any():
-            return
-        mean = self.lat_sum[seen] / self.n_seq[seen]
-        w = np.maximum(alpha, 1.0 / (self.base_n[seen] + 1.0))
-        b = self.base_lat[seen]
-        self.base_lat[seen] = b + w * (mean - b)
-        self.base_n[seen] = np.minimum(self.base_n[seen] + 1, 1000)
 
     def reset_window(self) -> None:
         self.n_seq = np.zeros(self.n, np.int32)
@@ -88,8 +81,6 @@ class SeqAligner:
         self.lat_sum = np.concatenate([self.lat_sum, np.zeros(add, np.float64)])
         self.late_us_sum = np.concatenate([self.late_us_sum, np.zeros(add, np.float64)])
         self.exec_sum = np.concatenate([self.exec_sum, np.zeros(add, np.float64)])
-        self.base_lat = np.concatenate([self.base_lat, np.zeros(add, np.float32)])
-        self.base_n = np.concatenate([self.base_n, np.zeros(add, np.int16)])
         self.n = nranks
 
     def insert(
@@ -198,8 +189,9 @@ class SeqAligner:
             + self.n_seq.nbytes
             + self.n_last.nbytes
             + self.lat_sum.nbytes
-            + self.base_lat.nbytes
-            + self.base_n.nbytes
+            + self.late_us_sum.nbytes
+            + self.exec_sum.nbytes
+            + 8 * len(self.window_meds)
         )
 
 
@@ -238,27 +230,23 @@ def judge_stragglers(
     min_wait: float,
     min_z: float,
     max_culprits: int,
-    learned: bool = True,
 ) -> list[StragglerFinding]:
     """The ranks of this window that were persistently last (see module docstring).
 
-    With ``learned``, each rank's lateness is scored against its own usual lateness
-    (:meth:`SeqAligner.learn_lateness`): a rank that is always a little late by design
-    (less compute, a longer path) is normal for this communicator; and a rank without a
-    learned baseline yet is not judged."""
+    The reference is the rank's peers in the same window, never its own history: a GPU
+    slow from the very first collective stands out like one that turned slow later. A
+    rank late by its role (the same position late in every replica of this
+    communicator) stands out here too; the correlator tells it apart by comparing
+    replicas (``StragglerEvidence.position``)."""
     if a.window_n_seqs < min_seqs:
         return []
     seen = a.n_seq >= min_seqs
-    if learned:
-        seen &= a.base_n > 0
     if seen.sum() < 3:
         return []
     frac = a.n_last / np.maximum(a.n_seq, 1)
     if not (seen & (frac >= last_frac)).any():  # nobody persistently last: the usual case
         return []
     mean_lat = np.where(seen, a.lat_sum / np.maximum(a.n_seq, 1), np.nan)
-    if learned:
-        mean_lat -= a.base_lat
     seen_lat = mean_lat[seen]  # the finite part (np.nanmedian is ~5x slower)
     med = median(seen_lat)
     # sigma floor: 1% of kernel time, so a perfectly quiet simulator cannot make a
@@ -281,3 +269,190 @@ def judge_stragglers(
         )
         for r in cand.tolist()
     ]
+
+
+class AlignerState(msgspec.Struct, array_like=True):
+    n: int
+    ring: int
+    tag: ck.Array
+    exec: ck.Array
+    count: ck.Array
+    opened: ck.Array
+    n_seq: ck.Array
+    n_last: ck.Array
+    lat_sum: ck.Array
+    late_us_sum: ck.Array
+    exec_sum: ck.Array
+    window_n_seqs: int
+    window_meds: list[float]
+
+
+class _StragglerState(msgspec.Struct, array_like=True):
+    aligner: AlignerState
+    step: bytes | None
+    """The river quantile of per-collective median kernel time (its own plain state)."""
+
+
+_ARRAYS = ("tag", "exec", "count", "opened", "n_seq", "n_last", "lat_sum", "late_us_sum",
+           "exec_sum")  # fmt: skip
+
+
+def aligner_state(a: SeqAligner) -> AlignerState:
+    arrays = {k: ck.pack(getattr(a, k)) for k in _ARRAYS}
+    return AlignerState(n=a.n, ring=a.ring, window_n_seqs=a.window_n_seqs,
+                        window_meds=list(a.window_meds), **arrays)  # fmt: skip
+
+
+def aligner_from_state(s: AlignerState, config: DetectConfig) -> SeqAligner:
+    """The aligner back; :class:`~streams.core.checkpoint.CheckpointError` if the arrays
+    do not fit together."""
+    a = SeqAligner(0, s.ring, config.min_present_frac)
+    arrays = {k: ck.unpack(getattr(s, k)) for k in _ARRAYS}
+    n, ring = s.n, s.ring
+    want = {"tag": (ring,), "exec": (ring, n), "count": (ring,), "opened": (ring,)}
+    for k, arr in arrays.items():
+        if arr.shape != want.get(k, (n,)):
+            raise ck.CheckpointError(f"aligner state: {k} has shape {arr.shape}")
+    a.n, a.ring = n, ring
+    for k, arr in arrays.items():
+        setattr(a, k, arr)
+    a.window_n_seqs, a.window_meds = s.window_n_seqs, list(s.window_meds)
+    a.window_med_sum = float(sum(a.window_meds))
+    return a
+
+
+class StragglerDetector:
+    """Stragglers of one communicator, judged per window against the rank's peers.
+
+    Fed the kernel time of every (rank, collective); per window, the rank with the
+    shortest kernel time in most collectives, whose peers waited clearly longer than
+    it (see :func:`judge_stragglers`), is a straggler. Notes (observations): GPUs that
+    spent clearly longer than normal in this communicator's kernels (waiting for
+    someone) — their lateness elsewhere is not their own. One finding per rank and
+    window: a window is its own repeat interval.
+    """
+
+    name: ClassVar[str] = "straggler"
+    _SCHEMA: ClassVar[int] = 1
+
+    def __init__(self, config: DetectConfig) -> None:
+        self.config = config
+        self.aligner = SeqAligner(0, config.seq_ring, config.min_present_frac)
+        self.step = rstats.Quantile(0.25)
+        """What peers usually spend per collective (median across ranks), learned."""
+
+    def grow(self, nranks: int) -> None:
+        self.aligner.grow(nranks)
+
+    def learn(self, view: CommView, batch: Batch) -> None:
+        if batch.rank.size == 0:
+            return
+        x = batch.exec_us.astype(np.float32)
+        for med in self.aligner.insert(batch.rank, batch.seq, x, view.now, batch.distinct):
+            self.step.update(med)
+
+    def tick(self, view: CommView) -> Output:
+        return []
+
+    def close_window(self, view: CommView, window: Window) -> Output:
+        out: Output = []
+        if window.learn:
+            # judge collectives of this window that are still open with who reported
+            for med in self.aligner.close_due(window.end):
+                self.step.update(med)
+            if window.judge:
+                out = self._judge(view, window.start, window.end)
+        self.aligner.reset_window()
+        return out
+
+    def dump(self) -> bytes:
+        st = _StragglerState(aligner_state(self.aligner), quantile_state(self.step))
+        return ck.encode(self.name, self._SCHEMA, st)
+
+    @classmethod
+    def load(cls, data: bytes, config: DetectConfig) -> StragglerDetector:
+        st = ck.decode(data, cls.name, {cls._SCHEMA: _StragglerState})
+        d = cls(config)
+        d.aligner = aligner_from_state(st.aligner, config)
+        d.step = quantile_from_state(0.25, st.step)
+        return d
+
+    def nbytes(self) -> int:
+        return self.aligner.nbytes() + 200
+
+    # ------------------------------------------------------------ judging
+    def _step_normal(self) -> float:
+        v = self.step.get()
+        return float(v) if v is not None and v == v else 0.0
+
+    def _judge(self, view: CommView, start: int, end: int) -> Output:
+        cfg = self.config
+        a = self.aligner
+        found = judge_stragglers(
+            a,
+            cfg.straggler_min_seqs,
+            cfg.straggler_last_frac,
+            cfg.straggler_min_wait,
+            cfg.straggler_min_z,
+            max(1, int(cfg.max_culprit_frac * a.n)),
+        )
+        out: Output = []
+        normal = self._step_normal()
+        med_now = median(a.window_meds) if a.window_meds else 0.0
+        for f in found:
+            wait_x = float(np.exp(f.mean_lat))
+            reason = (
+                f"{view.who(f.rank)} arrived last in {f.frac_last:.0%} of {f.n_seqs} "
+                f"collectives over {(end - start) / 1e6:.1f} s; its peers spent "
+                f"{wait_x:.1f}x its kernel time waiting for it."
+            )
+            ev = StragglerEvidence(
+                collectives=f.n_seqs,
+                last_frac=round(f.frac_last, 3),
+                peer_time_x=round(wait_x, 3),
+                z=round(f.z, 1),
+                peer_time_vs_normal=round(med_now / normal, 3) if normal > 0 else None,
+                late_ms=round(f.late_us / 1e3, 2),
+                position=f.rank,
+            )
+            score = min(1.0, f.frac_last) * min(1.0, 0.5 + f.z / (4 * cfg.straggler_min_z))
+            out.append(Finding("straggler", f.rank, score, reason, start, end, ev, [f.rank]))
+        return out + self._waited_notes(view, start, end, normal, {f.rank for f in found})
+
+    def _waited_notes(
+        self, view: CommView, start: int, end: int, normal: float, skip: set[int]
+    ) -> Output:
+        """Ranks that spent clearly longer than normal in this communicator's kernels
+        this window (waiting for someone). A GPU held up here reaches its next
+        collective elsewhere late; that lateness is not its own."""
+        a, t = self.aligner, view.ranks
+        if normal <= 0 or a.window_n_seqs < self.config.straggler_min_seqs:
+            return []
+        mean_exec = a.exec_sum / np.maximum(a.n_seq, 1)
+        extra = mean_exec - normal
+        # a quarter more than normal: jitter stays below, a straggler's or a slow ring's
+        # hold-up (tens of percent) above
+        waited = (a.n_seq > 0) & (extra > max(0.25 * normal, 500.0))
+        if skip:
+            waited[list(skip)] = False
+        idx = np.flatnonzero(waited)
+        if idx.size == 0:
+            return []
+        # Python lists once, not a numpy scalar per rank and field
+        gpu_of = dict(zip(idx.tolist(), t.gpu[idx].tolist(), strict=True))
+        extra_of = dict(zip(idx.tolist(), extra[idx].tolist(), strict=True))
+        out: Output = []
+        for hi, rs in view.by_host(idx).items():
+            if hi < 0:
+                continue
+            gpus = [gpu_of[r] for r in rs if gpu_of[r] >= 0]
+            extra_ms = [round(extra_of[r] / 1e3, 2) for r in rs if gpu_of[r] >= 0]
+            if not gpus:
+                continue
+            reason = (
+                f"{t.hosts[hi]} GPUs {gpus} spent {max(extra_ms):.1f} ms more than normal "
+                f"per collective in {view.label}."
+            )
+            note = Waiting(gpus=gpus, extra_ms=extra_ms)
+            out.append(Observation("straggler", t.hosts[hi], reason, start, end, note, rs))
+        return out

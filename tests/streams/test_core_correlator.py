@@ -189,3 +189,22 @@ def test_census_notes_size_the_job_for_the_cap() -> None:
         cmds += feed(c, [hang(host, (30 + 10 * i) * W, hosts=1)])
     assert [x.action for x in cmds] == ["cordon_and_taint"] * 3
     assert c.job_hosts["j"] == 16
+
+
+@pytest.mark.timeout(10)
+def test_a_host_late_on_every_rail_waits_for_the_communicator_inside_it() -> None:
+    """A slow GPU holds its host-mates up: the host is late in every DP rail, each
+    naming another GPU. Only the host's own (tensor-parallel) communicator names the
+    GPU; without it, after two more windows, the command names the host."""
+    rails = [straggler("node-006", w, comm=f"rail{g}", gpu=g) for w in (1, 2) for g in range(8)]
+    c = HostCorrelator(PolicyConfig())
+    assert feed(c, rails) == []  # two windows, eight GPUs alike: not told apart yet
+    tp = straggler("node-006", 3, comm="tp", gpu=1, hosts=1)
+    [cmd] = feed(c, [tp])
+    assert (cmd.host, cmd.gpu) == ("node-006", 1)
+
+    c = HostCorrelator(PolicyConfig())
+    later = [straggler("node-006", w, comm=f"rail{g}", gpu=g) for w in (3, 4) for g in range(8)]
+    [cmd] = feed(c, rails + later)
+    assert (cmd.host, cmd.gpu) == ("node-006", None)
+    assert "no communicator inside the host names one GPU" in cmd.reason

@@ -10,10 +10,14 @@ Print the figures with ``pytest tests/streams/test_quality_sim.py -q -s``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
 from producers.simulator import SCENARIOS, BenignSpec, FaultSpec, SimConfig, ground_truth, simulate
+from streams.app import WorkerConfigError, load_worker_config
+from streams.app.engine import CoreEngine
 from streams.core import DetectionPipeline
 from streams.scoring import RunScore, score_commands
 
@@ -31,6 +35,14 @@ FAULTS: dict[str, tuple[FaultSpec, float]] = {
     "rank_hang": (FaultSpec(kind="rank_hang", host=2, gpu=7, start_s=33.3), 10),
     "host_down": (FaultSpec(kind="host_down", host=15, start_s=40.7), 10),
     "link_hang": (FaultSpec(kind="link_hang", host=4, nic=2, peer_host=5, start_s=37.2), 10),
+}
+
+RIVER_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "worker-river.toml"
+
+# present from the first collective: a restarted job with a degraded node still in it
+FROM_START: dict[str, tuple[FaultSpec, float]] = {
+    "straggler_1.15_t0": (FaultSpec(kind="straggler", host=9, gpu=4, start_s=0, severity=1.15), 30),
+    "slow_nic_0.6_t0": (FaultSpec(kind="slow_nic", host=3, nic=6, start_s=0, severity=0.6), 30),
 }
 
 BENIGN_MIX = [
@@ -86,3 +98,53 @@ def test_benign_only_traces_isolate_nothing(seed: int, hosts: int) -> None:
           f"verdicts={sum(not v.benign for v in pipe.verdicts)}")  # fmt: skip
     assert score.false_isolations == 0, [_fmt(c) for c in score.false_decisions]
     assert pipe.n_events > 10_000
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list(FROM_START))
+def test_fault_present_from_the_first_collective_is_found(name: str) -> None:
+    fault, budget = FROM_START[name]
+    score, _ = detect(R(BASE, job=f"q-{name}", faults=[fault], seed=11, duration_s=45))
+    [res] = score.faults
+    print(f"\n{name}: found={res.found} latency_s={res.latency_s}")
+    assert res.found and res.latency_s is not None and res.latency_s <= budget
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+
+
+@pytest.mark.timeout(60)
+def test_a_structurally_late_role_is_not_isolated() -> None:
+    """GPU 5 of every host computes 1.2x longer from the start (its role): every
+    tensor-parallel group sees it last, so the detectors report it, and the correlator
+    sees the same position late in every replica: nothing is isolated."""
+    cfg = R(BASE, job="q-role", seed=5, duration_s=45,
+            benign=[BenignSpec(kind="role_late", start_s=0, gpu=5, severity=1.2)])  # fmt: skip
+    score, pipe = detect(cfg)
+    assert any(v.fault == "straggler" and not v.benign for v in pipe.verdicts)
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+
+
+@pytest.mark.timeout(90)
+def test_a_river_model_enabled_by_configuration_reaches_the_correlator(tmp_path: Path) -> None:
+    """``docs/examples/worker-river.toml`` (``detectors = ["hang", "river", "slow_conn"]``)
+    read as the worker reads its file: stragglers come from river's HalfSpaceTrees
+    alone, and its verdicts are what the command rests on."""
+    engine = CoreEngine(load_worker_config(RIVER_EXAMPLE).detect)
+    assert [d.name for d in engine.new_detector("x").detectors] == ["hang", "river", "slow_conn"]
+    fault = FaultSpec(kind="straggler", host=6, gpu=1, start_s=0, severity=1.3)
+    cfg = R(BASE, job="q-river", faults=[fault], seed=2, duration_s=40)
+    pipe = DetectionPipeline(engine.detect)
+    for batch in simulate(cfg):
+        pipe.feed(batch)
+    pipe.finish()
+    score = score_commands(pipe.commands, ground_truth(cfg))
+    assert score.faults[0].found, [_fmt(c) for c in pipe.commands]
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_commands]
+    river = [v for v in pipe.verdicts if v.fault == "straggler" and not v.benign]
+    assert river and all(v.evidence["model"] == "HalfSpaceTrees" for v in river)
+    assert all(0.8 <= v.evidence["anomaly_score"] <= 1.0 for v in river)
+    bad = tmp_path / "c4stream.toml"
+    bad.write_text(
+        '[worker.detect]\ndetectors = ["river"]\n[worker.detect.river]\nmodel = "os.system"\n'
+    )
+    with pytest.raises(WorkerConfigError, match="not a river.anomaly detector"):
+        load_worker_config(bad)

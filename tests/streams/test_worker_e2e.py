@@ -10,6 +10,8 @@ detectors come back from their table checkpoints and the fault is still found on
 
 from __future__ import annotations
 
+import os
+import pickle
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +20,9 @@ import msgspec
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
+from c4base.kafka_admin import create_topics
 from producers.events import Event, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, ground_truth, simulate
 from streams.app.settings import WorkerConfig
@@ -196,4 +200,68 @@ def test_second_worker_takes_over_partitions_with_their_state(
             time.sleep(1.5)
             cmds = read_commands(kafka_bootstrap, topics.isolations, want=99, timeout=2)
     assert st_b["detect"]["created"] == 0  # every communicator B serves came from the table
+    assert [(c.host, c.gpu, c.fault) for c in cmds] == [("node-002", 1, "noncomm_hang")]
+
+
+class _Evil:
+    """Unpickling this would run a shell command (what a writer of the changelog could do)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, (f"touch {self.path}",))
+
+
+def read_dead_letters(bootstrap: str, topic: str, *, until, timeout: float) -> list[DeadLetter]:
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"rd-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    c.assign([TopicPartition(topic, 0, 0)])
+    out: list[DeadLetter] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not until(out):
+            for m in c.consume(100, 0.2):
+                if m.error() is None:
+                    out.append(DeadLetter.decode(m.value()))
+        return out
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_forged_checkpoint_is_dead_lettered_and_never_run(
+    kafka_bootstrap: str, tmp_path: Path, trace: list[list[Event]]
+) -> None:
+    """A pickle that would run code sits in the communicator table's changelog (every
+    partition) before the worker starts: the worker refuses it with a dead letter, that
+    communicator starts afresh, and the hang is still isolated."""
+    marker = tmp_path / "pwned"
+    forged = pickle.dumps({"state": _Evil(marker)}, protocol=5)
+    cfg = worker_config(kafka_bootstrap, tmp_path / "w")
+    topics = cfg.topics()
+    comm = next(b[0].comm for b in trace if b[0].host == "node-002")
+    create_topics(kafka_bootstrap, cfg.all_topics())
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for part in range(cfg.events_partitions):
+        p.produce(cfg.comm_table_changelog(), key=comm.encode(), value=forged, partition=part)
+    assert p.flush(10) == 0
+
+    with start_worker_process(cfg) as worker:
+        worker.wait_ready(60)
+        replay(kafka_bootstrap, topics.events, trace)
+        cmds = read_commands(kafka_bootstrap, topics.isolations, want=1, timeout=30)
+        dls = read_dead_letters(
+            kafka_bootstrap, topics.deadletter, until=lambda d: len(d) >= 1, timeout=20
+        )
+        status = worker.status()
+    assert [(d.source, d.payload()) for d in dls] == [(f"checkpoint:{comm}", forged)]
+    assert dls[0].reason.startswith("checkpoint refused, state starts afresh: not a c4stream")
+    assert not marker.exists()
+    assert status["detect"]["restored"] == 0
     assert [(c.host, c.gpu, c.fault) for c in cmds] == [("node-002", 1, "noncomm_hang")]
