@@ -178,10 +178,15 @@ class TableCheckpoints:
         return bytes(value) if value else None
 
     def get(self, key: bytes) -> bytes | None:
-        """The checkpoint of ``key``; None if absent or damaged (logged, counted)."""
+        """The checkpoint of ``key`` (None if absent). A record in no framing of ours is
+        handed on as it is, for the runner to refuse with a dead letter; a damaged
+        chunked one is logged and counted, and starts afresh."""
         try:
             return join_checkpoint(self._raw, key)
         except ValueError as err:
+            raw = self._raw(key)
+            if raw is not None and not raw.startswith((_INLINE, _MANIFEST)):
+                return raw  # foreign bytes: refused (and dead-lettered) by the runner
             self.unreadable += 1
             log.warning("checkpoint unreadable, starting afresh: %s", err)
             return None

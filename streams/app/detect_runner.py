@@ -77,7 +77,7 @@ def unwrap_state(data: bytes) -> tuple[int, bytes]:
         raise ValueError("checkpoint shorter than its envelope")
     magic, version, nranks = _ENVELOPE.unpack_from(data)
     if magic != _MAGIC or version != 1 or nranks < 1:
-        raise ValueError("not a communicator checkpoint envelope")
+        raise ValueError("not a c4stream communicator checkpoint (no envelope)")
     return nranks, data[_ENVELOPE.size :]
 
 
