@@ -48,6 +48,10 @@ class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         conf.update(overrides)
         return conf
 
+    def client_config(self) -> dict[str, Any]:
+        """Settings any confluent-kafka client needs (admin, probes): bootstrap + security."""
+        return {"bootstrap.servers": self.resolved_bootstrap(), **self.extra}
+
     def aiokafka_kwargs(self) -> dict[str, Any]:
         """The subset of ``extra`` that Faust/aiokafka understands, under its names."""
         mapping = {
@@ -55,5 +59,10 @@ class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "sasl.mechanism": "sasl_mechanism",
             "sasl.username": "sasl_plain_username",
             "sasl.password": "sasl_plain_password",
+            "ssl.ca.location": "ssl_cafile",
+            "ssl.certificate.location": "ssl_certfile",
+            "ssl.key.location": "ssl_keyfile",
+            "ssl.key.password": "ssl_password",
+            "ssl.endpoint.identification.algorithm": "ssl_check_hostname",
         }
         return {mapping[k]: v for k, v in self.extra.items() if k in mapping}

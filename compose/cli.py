@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 from types import FrameType
 
 import typer
@@ -33,7 +34,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 _START_HELP = (
     "Start the local broker, print its bootstrap address, run until Ctrl-C or SIGTERM.\n\n"
     "The first run fetches Kafka's jars with Maven into the cache (see `broker fetch`). "
-    "Data lives in a temp dir that is deleted on exit.\n\n"
+    "Data lives in a temp dir that is deleted on exit, or with --data DIR in DIR, kept: "
+    "starting again with the same --data restarts the same broker (same port, cluster, "
+    "topics, messages and committed offsets).\n\n"
     "Point the other commands at it with KAFKA_BOOTSTRAP=<printed address>."
 )
 _FETCH_HELP = (
@@ -52,10 +55,13 @@ def start(
     startup_timeout: float = typer.Option(
         60.0, "--startup-timeout", help="Seconds to wait for the broker to answer."
     ),
+    data: Path | None = typer.Option(
+        None, "--data", help="Keep the broker's data in DIR; a later start on DIR resumes it."
+    ),
 ) -> None:
     """Run the local broker in the foreground (help text: _START_HELP)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
-    kafka = LocalKafka(port=port, startup_timeout=startup_timeout)
+    kafka = LocalKafka(port=port, startup_timeout=startup_timeout, data_dir=data)
     try:
         kafka.start()
         typer.echo(kafka.bootstrap)  # stdout: just the address, easy to capture

@@ -250,6 +250,8 @@ class LocalKafka:
         startup_timeout: float = 60.0,
         stop_timeout: float = 15.0,
         jvm_args: Sequence[str] = (),
+        data_dir: str | Path | None = None,
+        secure_listener: dict[str, str] | None = None,
     ) -> None:
         self.version = version
         self.heap = heap
@@ -261,6 +263,13 @@ class LocalKafka:
         self.controller_port = 0
         self.workdir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self.secure_listener = secure_listener
+        """Broker properties of a second, SASL_SSL listener (its own ``port`` key, e.g.
+        ``listener.name.sasl_ssl.*`` JAAS and ``ssl.*`` settings): the tests of TLS/SASL
+        clients. The PLAINTEXT listener on :attr:`bootstrap` stays (admin, readiness)."""
+        self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
+        """Kept across stops: a start on the same dir restarts the same cluster (same
+        cluster id, ports and topics, offsets and messages) instead of a new one."""
 
     # ---- public API
 
@@ -304,8 +313,16 @@ class LocalKafka:
                 log.info("port race while starting Kafka, retrying")
         return self  # pragma: no cover - loop always returns or raises
 
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash); with ``data_dir`` its data stays for a restart."""
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        self.stop()
+
     def stop(self) -> None:
-        """SIGTERM the broker's process group, SIGKILL after ``stop_timeout``, drop data."""
+        """SIGTERM the broker's process group, SIGKILL after ``stop_timeout``; drop the
+        data unless it lives in ``data_dir``."""
         proc, self._proc = self._proc, None
         if proc is not None:
             LocalKafka._running.discard(self)
@@ -322,7 +339,8 @@ class LocalKafka:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            if self.data_dir is None:
+                shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
     def __enter__(self) -> LocalKafka:
@@ -352,12 +370,27 @@ class LocalKafka:
     # ---- internals
 
     def _start_once(self, java: str, libs: Path) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix=DATA_DIR_PREFIX))
-        (self.workdir / "owner.pid").write_text(str(os.getpid()))
-        self.port = self._fixed_port or _free_port()
-        self.controller_port = _free_port()
+        saved: dict[str, str] = {}
+        if self.data_dir is not None:
+            self.workdir = self.data_dir
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            state = self.workdir / "c4stream-broker.properties"
+            if state.is_file():  # a restart: same ports, same cluster
+                saved = dict(
+                    line.split("=", 1) for line in state.read_text().splitlines() if "=" in line
+                )
+        else:
+            self.workdir = Path(tempfile.mkdtemp(prefix=DATA_DIR_PREFIX))
+            (self.workdir / "owner.pid").write_text(str(os.getpid()))
+        self.port = self._fixed_port or int(saved.get("port", 0)) or _free_port()
+        self.controller_port = int(saved.get("controller_port", 0)) or _free_port()
         while self.controller_port == self.port:
             self.controller_port = _free_port()
+        formatted = bool(saved) and (self.workdir / "metadata" / "meta.properties").is_file()
+        if self.data_dir is not None:
+            (self.workdir / "c4stream-broker.properties").write_text(
+                f"port={self.port}\ncontroller_port={self.controller_port}\n"
+            )
         config = self.workdir / "server.properties"
         config.write_text(self._server_properties())
         log4j = self.workdir / "log4j2.properties"
@@ -375,25 +408,26 @@ class LocalKafka:
             str(libs / "*"),
         ]
 
-        fmt = subprocess.run(
-            [
-                *base,
-                "kafka.tools.StorageTool",
-                "format",
-                "--standalone",
-                "-t",
-                _cluster_id(),
-                "-c",
-                str(config),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if fmt.returncode != 0:
-            raise BrokerError(
-                "formatting Kafka storage failed:\n" + (fmt.stdout + fmt.stderr)[-3000:]
+        if not formatted:  # a new cluster; a restart on data_dir keeps its id and data
+            fmt = subprocess.run(
+                [
+                    *base,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--standalone",
+                    "-t",
+                    _cluster_id(),
+                    "-c",
+                    str(config),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
+            if fmt.returncode != 0:
+                raise BrokerError(
+                    "formatting Kafka storage failed:\n" + (fmt.stdout + fmt.stderr)[-3000:]
+                )
 
         with open(self.workdir / "stdout.log", "wb") as out:
             self._proc = subprocess.Popen(
@@ -447,6 +481,15 @@ class LocalKafka:
             "log.retention.hours": 2,
             "log.retention.check.interval.ms": 60_000,
         }
+        if self.secure_listener:
+            extra = dict(self.secure_listener)
+            sp = extra.pop("port")
+            props["listeners"] = f"{props['listeners']},SASL_SSL://127.0.0.1:{sp}"
+            props["advertised.listeners"] = (
+                f"{props['advertised.listeners']},SASL_SSL://127.0.0.1:{sp}"
+            )
+            props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+            props.update(extra)
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _wait_ready(self) -> None:

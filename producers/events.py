@@ -24,6 +24,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES, BoundsError, Host, check_bounds
+
 __all__ = [
     "Conn",
     "Event",
@@ -34,9 +36,16 @@ __all__ = [
     "encode_message",
 ]
 
-NonNeg = Annotated[int, msgspec.Meta(ge=0)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+# Every number is bounded: the core keeps counters in int64 numpy arrays (ts_us = 10^30
+# used to overflow them for good) and durations as finite floats (JSON has no inf/NaN;
+# 1e999 is refused by the decoder, 1e300 by these bounds).
+I64_MAX = 2**63 - 1
+NonNeg = Annotated[int, msgspec.Meta(ge=0, le=I64_MAX)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0, le=1e15)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Short = Annotated[str, msgspec.Meta(max_length=256)]
+#: Hard ceiling of the contract; the worker's configurable ``max_nranks`` is lower.
+NRANKS_CEILING = 1 << 20
 
 
 class EventDecodeError(ValueError):
@@ -61,26 +70,26 @@ class _Identity(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="kin
     v: Literal[1]
     job: NonEmpty
     comm: NonEmpty
-    nranks: Annotated[int, msgspec.Meta(ge=1)]
+    nranks: Annotated[int, msgspec.Meta(ge=1, le=NRANKS_CEILING)]
     rank: NonNeg
-    host: NonEmpty
-    ts_us: int
-    comm_name: str | None = None
+    host: Host
+    ts_us: NonNeg
+    comm_name: Short | None = None
     gpu: NonNeg | None = None
-    nic: str | None = None
+    nic: Short | None = None
 
 
 class OpEvent(_Identity, tag="op"):
     """One collective (or p2p op) completed on one rank."""
 
-    op: str
+    op: Short
     seq: NonNeg
     bytes: NonNeg
     exec_us: NonNegFloat
-    algbw_gbs: float | None = None
-    busbw_gbs: float | None = None
-    algo: str | None = None
-    proto: str | None = None
+    algbw_gbs: NonNegFloat | None = None
+    busbw_gbs: NonNegFloat | None = None
+    algo: Short | None = None
+    proto: Short | None = None
     conns: list[Conn] | None = None
 
 
@@ -89,7 +98,7 @@ class ProgressEvent(_Identity, tag="progress"):
 
     started: NonNeg
     completed: NonNeg
-    inflight_op: str | None = None
+    inflight_op: Short | None = None
     inflight_us: NonNegFloat | None = None
     conns: list[Conn] | None = None
 
@@ -100,16 +109,27 @@ _decoder = msgspec.json.Decoder(Event | list[Event])
 _encoder = msgspec.json.Encoder()
 
 
-def decode_message(data: bytes | str) -> list[Event]:
+def decode_message(
+    data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES, max_depth: int = MAX_DEPTH
+) -> list[Event]:
     """Decode one message (a single event or an array of events) into a list.
 
     Raises :class:`EventDecodeError` naming the offending field, e.g.
-    ``Expected `int` >= 0, got -1 - at `$[3].seq```.
+    ``Expected `int` >= 0, got -1 - at `$[3].seq```, or the bound a message breaks
+    (size, nesting: :func:`producers.guard.check_bounds`). Nothing else escapes.
+
+    >>> decode_message(b'[' * 5000)
+    Traceback (most recent call last):
+    ...
+    producers.events.EventDecodeError: JSON nested deeper than 32 levels
     """
     try:
+        check_bounds(data, max_bytes=max_bytes, max_depth=max_depth)
         out = _decoder.decode(data)
-    except msgspec.DecodeError as err:  # ValidationError is a subclass
+    except (msgspec.DecodeError, BoundsError) as err:  # ValidationError is a subclass
         raise EventDecodeError(str(err)) from None
+    except Exception as err:  # RecursionError, MemoryError: never past the edge
+        raise EventDecodeError(f"undecodable: {type(err).__name__}: {err}") from None
     return out if isinstance(out, list) else [out]
 
 

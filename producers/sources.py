@@ -153,7 +153,7 @@ def sniff(path: str | Path) -> Kind:
     if first.startswith(b"{"):
         try:
             obj = msgspec.json.decode(first)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             obj = None
         if isinstance(obj, dict) and "header" in obj and "metadata" in obj:
             return "inspector"

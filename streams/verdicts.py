@@ -13,10 +13,11 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from producers.guard import MAX_DEPTH, BoundsError, Host, check_bounds
 from streams.commands import Fault
 
 __all__ = ["Verdict", "VerdictDecodeError", "decode_verdict", "encode_verdict"]
@@ -34,9 +35,9 @@ class Verdict(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Event time at which the evidence was complete."""
     job: str
     comm: str
-    host: str
+    host: Host
     fault: Fault
-    score: float
+    score: Annotated[float, msgspec.Meta(ge=0, le=1e6)]
     """0..1, higher means more certain; the correlator sums evidence across comms."""
     reason: str
     window_start_us: int
@@ -45,7 +46,7 @@ class Verdict(msgspec.Struct, kw_only=True, omit_defaults=True):
     ranks: list[int] = []
     gpu: int | None = None
     nic: str | None = None
-    peer_host: str | None = None
+    peer_host: Host | None = None
     benign: bool = False
     """True for an alert-only observation (e.g. everybody slow at once): never isolates."""
 
@@ -58,8 +59,22 @@ def encode_verdict(v: Verdict) -> bytes:
     return _encoder.encode(v)
 
 
+#: A verdict carries a bounded evidence dict; the largest real ones are tens of KB.
+MAX_VERDICT_BYTES = 1024 * 1024
+
+
 def decode_verdict(data: bytes | str) -> Verdict:
+    """Decode one verdict; every failure is a :class:`VerdictDecodeError` naming it.
+
+    >>> decode_verdict(b'[' * 3000)
+    Traceback (most recent call last):
+    ...
+    streams.verdicts.VerdictDecodeError: JSON nested deeper than 32 levels
+    """
     try:
+        check_bounds(data, max_bytes=MAX_VERDICT_BYTES, max_depth=MAX_DEPTH)
         return _decoder.decode(data)
-    except msgspec.DecodeError as err:
+    except (msgspec.DecodeError, BoundsError) as err:
         raise VerdictDecodeError(str(err)) from None
+    except Exception as err:  # RecursionError, MemoryError: never past the edge
+        raise VerdictDecodeError(f"undecodable: {type(err).__name__}: {err}") from None

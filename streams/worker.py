@@ -24,6 +24,8 @@ from typing import Any
 import msgspec
 
 from c4base.metrics import Metrics, MetricsConfig
+from streams.app import lifeguard
+from streams.app.agents import write_status
 from streams.app.faust_app import make_app
 from streams.app.settings import WorkerConfig
 from streams.app.topics_admin import ensure_topics
@@ -54,11 +56,41 @@ def run_worker(
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     app = make_app(config, engine, metrics)
+    parts = app.c4_parts
+    status_path = config.status_path()
+
+    def broker_changed(since_monotonic: float | None) -> None:
+        parts.broker_down_since = None if since_monotonic is None else time.time()
+        write_status(status_path, parts.status())
+
+    def broker_lost(seconds: float) -> None:
+        parts.ready = False
+        write_status(status_path, {**parts.status(), "exit": "broker unreachable"})
+        lifeguard.exit_broker_lost(seconds)
+
+    watch = lifeguard.BrokerWatch(
+        lifeguard.kafka_probe(config.kafka.client_config()),
+        exit_after_s=config.broker_unreachable_exit_s,
+        every_s=min(2.0, config.broker_unreachable_exit_s / 3),
+        on_change=broker_changed,
+        on_lost=broker_lost,
+    )
 
     class Worker(faust.Worker):
         def _setup_logging(self) -> None:
             if not own_logging:
                 super()._setup_logging()
+            lifeguard.install_repeat_filter()
+
+        def _schedule_shutdown(self, signum: signal.Signals) -> None:
+            # Faust's clean stop waits for the broker; bound it (status 4 past the grace).
+            if not self._signal_stop_time:
+                log.info("%s: stopping (at most %.0fs)", signum.name, config.stop_grace_s)
+                lifeguard.stop_deadline(
+                    config.stop_grace_s,
+                    lambda: write_status(status_path, {**parts.status(), "ready": False}),
+                )
+            super()._schedule_shutdown(signum)
 
     worker = Worker(
         app,
@@ -69,11 +101,14 @@ def run_worker(
         loop=loop,
     )
     worker.spinner = None  # no terminal spinner escapes in log files
+    watch.start()
     try:
         worker.execute_from_commandline()
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        watch.stop()
     return 0
 
 

@@ -40,10 +40,10 @@ The dump time is not in the file: it is the newest timestamp in the entries, mov
 to the file's mtime when that lies within the largest ``timeout_ms`` (+1 min) after it —
 a watchdog dump is written right after the timeout, a copied file is not trusted.
 
-What it cannot tell: the hostname (``host`` is ``host_rank<N>`` like PyTorch's analyzer,
-unless the dump carries a ``hostname``), GPU and NIC, per-connection traffic, anything
-older than the ring buffer, and p2p operations are skipped (``p2p_seq_id`` does not
-match across ranks).
+What it cannot tell: the hostname (``host`` is ``host-rank<N>``, PyTorch's analyzer's
+``host_rank<N>`` made a valid RFC 1123 name, unless the dump carries a ``hostname``),
+GPU and NIC, per-connection traffic, anything older than the ring buffer, and p2p
+operations are skipped (``p2p_seq_id`` does not match across ranks).
 
 >>> dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg",
 ...         "ranks": "[0, 1]"}}, "pg_status": {"0": {"last_enqueued_collective": 2,
@@ -72,6 +72,7 @@ from typing import Any
 import msgspec
 
 from producers.events import Event, OpEvent, ProgressEvent
+from producers.guard import host_problem
 from producers.traces import BadLine
 
 __all__ = [
@@ -149,7 +150,14 @@ def load_flight_recorder_dump(path: str | Path) -> dict[str, Any]:
             raise FlightRecorderError("neither a pickle nor a JSON object")
     except FlightRecorderError:
         raise
-    except (pickle.UnpicklingError, ValueError, EOFError, TypeError, IndexError) as err:
+    except (
+        pickle.UnpicklingError,
+        ValueError,
+        EOFError,
+        TypeError,
+        IndexError,
+        RecursionError,  # deep nesting in a JSON dump
+    ) as err:
         raise FlightRecorderError(f"corrupt dump: {type(err).__name__}: {err}") from None
     if not isinstance(dump, dict):
         raise FlightRecorderError(f"dump is a {type(dump).__name__}, expected a dict")
@@ -247,7 +255,7 @@ def _ranks(pg_info: Any) -> list[int] | None:
     if isinstance(ranks, str):
         try:
             ranks = json.loads(ranks)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if isinstance(ranks, (list, tuple)) and all(isinstance(r, int) for r in ranks):
         return list(ranks)
@@ -336,7 +344,9 @@ def dump_to_events(
     are skipped.
     """
     rank = _int(dump.get("rank"), rank) or rank
-    host = host or str(dump.get("hostname") or f"host_rank{rank}")
+    host = host or str(dump.get("hostname") or f"host-rank{rank}")
+    if (bad_host := host_problem(host)) is not None:  # refused here, not downstream
+        raise FlightRecorderError(bad_host)
     entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict)]
     pg_config = dump.get("pg_config") or {}
     pg_status = dump.get("pg_status") or {}

@@ -62,6 +62,7 @@ from typing import Annotated
 import msgspec
 
 from producers.events import Conn, OpEvent
+from producers.guard import host_problem
 from producers.traces import BadLine, _open_binary
 
 __all__ = [
@@ -194,9 +195,13 @@ def parse_inspector_line(line: bytes | str, *, job: str) -> OpEvent:
         rec = _decoder.decode(line)
     except msgspec.DecodeError as err:
         raise InspectorError(str(err)) from None
+    except RecursionError:  # deep nesting in an unknown field: a bad line, not a crash
+        raise InspectorError("JSON nested too deeply") from None
     h, m = rec.header, rec.metadata
     if not h.id or not m.hostname:
         raise InspectorError("empty header.id or metadata.hostname")
+    if (bad_host := host_problem(m.hostname)) is not None:  # refused here, not downstream
+        raise InspectorError(f"metadata.hostname: {bad_host}")
     if h.rank >= h.n_ranks:
         raise InspectorError(f"header.rank {h.rank} outside 0..n_ranks-1 (n_ranks={h.n_ranks})")
     if rec.dump_stats is not None and rec.coll_perf is None and rec.p2p_perf is None:

@@ -159,6 +159,13 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A regular expression searched in the host name; its group ``node`` (or its first
     group, or the whole match) is the node name. Applied after ``strip_domain``; a host
     it does not match keeps its name."""
+    max_actions_per_job_per_hour: int = 2
+    """The actuator's own cap, whatever the worker's policy decided: beyond it commands
+    of that job are recorded as ``capped`` and do nothing (a forged or runaway stream
+    cannot drain a job's hosts)."""
+    fault_window_s: float = 3600.0
+    """A command for a fault (job, host, component, fault) that already acted within
+    this long is a duplicate, whatever its id."""
     ledger_path: str = DEFAULT_LEDGER
     ledger_retention_days: float = 30.0
     """Ledger rows older than this are pruned; keep it above c4.isolations' retention."""

@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,7 @@ from sinks.actuator.backends import (
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.ledger import Ledger, Status
 from sinks.actuator.outcomes import ActionReport, OutcomePublisher, new_report, outcome_of
-from sinks.actuator.policy import Decision, decide
+from sinks.actuator.policy import Decision, decide, fault_key
 from sinks.actuator.restart import RestartHook
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
@@ -161,12 +162,22 @@ class Actuator:
         node = self.cfg.node_name(cmd.host)
         if node != cmd.host:  # backends act on the scheduler's / Kubernetes' node name
             cmd = msgspec.structs.replace(cmd, host=node)
-        decision, why = decide(cmd, self.cfg, already_done=self.ledger.is_done(cmd.id))
+        key = fault_key(cmd)
+        now_us = time.time_ns() // 1000
+        decision, why = decide(
+            cmd,
+            self.cfg,
+            already_done=self.ledger.is_done(cmd.id),
+            same_fault_done=self.ledger.fault_done(
+                key, now_us - int(self.cfg.fault_window_s * 1e6)
+            ),
+            job_actions=self.ledger.acted_for_job(cmd.job, now_us - 3_600_000_000),
+        )
         tag = f"{cmd.id} (host {cmd.host}, {cmd.action}, {cmd.fault})"
-        if decision == "duplicate":
+        if decision == "duplicate" and self.ledger.is_done(cmd.id):
             log.info("SKIP %s: %s", tag, why)
             h = Handled(decision, "done", why)
-        elif decision in ("alert_only", "denied"):
+        elif decision in ("alert_only", "denied", "duplicate", "capped"):
             log.warning("SKIP %s: %s", tag, why)
             h = Handled(decision, "skipped", why)
         elif decision == "dry_run":
@@ -185,7 +196,13 @@ class Actuator:
             if r is not None:  # the ledger row and the c4.actions record say it too
                 h = dataclasses.replace(h, detail=f"{h.detail}; job restart {r.status}: {r.detail}")
         self.ledger.record(
-            cmd.id, status=h.status, host=cmd.host, action=cmd.action, detail=h.detail
+            cmd.id,
+            status=h.status,
+            host=cmd.host,
+            action=cmd.action,
+            detail=h.detail,
+            job=cmd.job,
+            fault_key=key,
         )
         return dataclasses.replace(h, node=node)
 

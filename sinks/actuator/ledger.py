@@ -54,16 +54,22 @@ CREATE TABLE IF NOT EXISTS actions (
 CREATE INDEX IF NOT EXISTS actions_updated ON actions (updated_us);
 """
 
+# Added later: a ledger written by an older actuator gains them when opened.
+_COLUMNS = {"job": "TEXT NOT NULL DEFAULT ''", "fault_key": "TEXT NOT NULL DEFAULT ''"}
+
 # A ``done`` row is final: later deliveries only count themselves.
 _UPSERT = """
-INSERT INTO actions (id, status, host, action, detail, first_us, updated_us)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT INTO actions (id, status, host, action, detail, first_us, updated_us, job, fault_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     deliveries = deliveries + 1,
     status     = CASE WHEN status = 'done' THEN status ELSE excluded.status END,
     detail     = CASE WHEN status = 'done' THEN detail ELSE excluded.detail END,
     updated_us = excluded.updated_us
 """
+
+
+_FIELDS = "id, status, host, action, detail, first_us, updated_us, deliveries"
 
 
 class LedgerError(RuntimeError):
@@ -95,6 +101,12 @@ class Ledger:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(actions)")}
+            for name, decl in _COLUMNS.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE actions ADD COLUMN {name} {decl}")
+            self._db.execute("CREATE INDEX IF NOT EXISTS actions_fault ON actions (fault_key)")
+            self._db.execute("CREATE INDEX IF NOT EXISTS actions_job ON actions (job)")
         except (OSError, sqlite3.Error) as err:
             raise LedgerError(f"cannot open the actuator ledger {self.path}: {err}") from err
         self.prune()
@@ -113,21 +125,44 @@ class Ledger:
         action: str,
         detail: str,
         now_us: int | None = None,
+        job: str = "",
+        fault_key: str = "",
     ) -> None:
-        """Write (durably, before returning) what became of one delivery of ``cmd_id``."""
+        """Write (durably, before returning) what became of one delivery of ``cmd_id``.
+
+        ``fault_key``: the fault's identity (:func:`sinks.actuator.policy.fault_key`),
+        so a fault decided again under another id is recognised as done."""
         now = now_us if now_us is not None else time.time_ns() // 1000
+        row = (cmd_id, status, host, action, detail, now, now, job, fault_key)
         try:
-            self._db.execute(_UPSERT, (cmd_id, status, host, action, detail, now, now))
+            self._db.execute(_UPSERT, row)
         except sqlite3.Error as err:
             raise LedgerError(f"cannot write the actuator ledger {self.path}: {err}") from err
 
+    def fault_done(self, fault_key: str, since_us: int) -> str | None:
+        """The id of a command for the same fault that acted since ``since_us``, or None."""
+        row = self._db.execute(
+            "SELECT id FROM actions WHERE fault_key = ? AND fault_key != '' "
+            "AND status = 'done' AND first_us >= ? LIMIT 1",
+            (fault_key, since_us),
+        ).fetchone()
+        return row[0] if row else None
+
+    def acted_for_job(self, job: str, since_us: int) -> int:
+        """How many commands of ``job`` acted since ``since_us`` (the actuator's cap)."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM actions WHERE job = ? AND status = 'done' AND first_us >= ?",
+            (job, since_us),
+        ).fetchone()
+        return int(row[0])
+
     def get(self, cmd_id: str) -> LedgerEntry | None:
-        row = self._db.execute("SELECT * FROM actions WHERE id = ?", (cmd_id,)).fetchone()
+        row = self._db.execute(f"SELECT {_FIELDS} FROM actions WHERE id = ?", (cmd_id,)).fetchone()
         return LedgerEntry(*row) if row else None
 
     def entries(self) -> list[LedgerEntry]:
         """Every row, oldest first (for tests and ``--ledger`` inspection)."""
-        rows = self._db.execute("SELECT * FROM actions ORDER BY first_us, id").fetchall()
+        rows = self._db.execute(f"SELECT {_FIELDS} FROM actions ORDER BY first_us, id").fetchall()
         return [LedgerEntry(*r) for r in rows]
 
     def prune(self, now_us: int | None = None) -> int:

@@ -37,7 +37,9 @@ __all__ = [
 
 log = logging.getLogger("c4stream.actuator.outcomes")
 
-Outcome = Literal["acted", "dry_run", "skipped", "denied", "alert_only", "duplicate", "failed"]
+Outcome = Literal[
+    "acted", "dry_run", "skipped", "denied", "alert_only", "duplicate", "capped", "failed"
+]
 
 
 def outcome_of(decision: str, status: str) -> Outcome:
@@ -75,7 +77,7 @@ class ActionReport(msgspec.Struct, kw_only=True):
     action: str
     fault: str
     decision: str
-    """The policy's decision: act, dry_run, denied, alert_only, duplicate."""
+    """The policy's decision: act, dry_run, denied, alert_only, duplicate, capped."""
     status: str
     """The ledger's status: done, dry_run, skipped, failed."""
     detail: str

@@ -22,7 +22,8 @@ Modules, in the order data flows:
 - :mod:`.faust_adapter` — the one module that reads Faust's private consumer fields;
 - :mod:`.checkpoint` — checkpoints every N events / S seconds into Faust tables;
 - :mod:`.deadletter` — dead-letter records with ``topic[partition]@offset`` sources;
-- :mod:`.engine` — the small protocol the agents need from :mod:`streams.core`.
+- :mod:`.engine` — the small protocol the agents need from :mod:`streams.core`;
+- :mod:`.lifeguard` — broker watchdog (exit 3), bounded stop (exit 4), repeated-log limit.
 
 Restarts and rebalances: a communicator's detector is checkpointed (``to_bytes``) to
 the ``comm-state`` table, on the partition its events came from, every

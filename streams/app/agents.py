@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,7 +28,7 @@ from c4base.metrics import MetricsLike, NullMetrics
 from streams.app.checkpoint import TableCheckpoints
 from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
-from streams.app.detect_runner import CommRouter
+from streams.app.detect_runner import CommRouter, EdgeLimits
 from streams.app.engine import Engine
 from streams.app.faust_adapter import ConsumerView
 from streams.app.runner import Output
@@ -39,6 +40,9 @@ from streams.verdicts import encode_verdict
 __all__ = ["WorkerParts", "register_agents"]
 
 log = logging.getLogger(__name__)
+
+#: Under the broker's default ``message.max.bytes`` (1 MiB) with room for headers.
+MAX_RECORD_BYTES = 900 * 1024
 
 
 @dataclass
@@ -55,11 +59,16 @@ class WorkerParts:
     ready: bool = False
     rebalances: int = 0
     """Rebalances completed, table recovery included: > 0 means serving."""
+    broker_down_since: float | None = None
+    """Wall time since which the broker watchdog has had no answer (None: it answers)."""
 
     def status(self) -> dict[str, Any]:
+        down = self.broker_down_since
         return {
             "pid": os.getpid(),
-            "ready": self.ready,
+            "ready": self.ready and down is None,
+            "written_at": round(time.time(), 3),
+            "broker_unreachable_s": None if down is None else round(time.time() - down, 1),
             "rebalances": self.rebalances,
             "uptime_s": round(time.time() - self.started_wall, 3),
             "assigned": sorted(f"{tp.topic}[{tp.partition}]" for tp in self.assigned),
@@ -67,6 +76,8 @@ class WorkerParts:
             "correlate": asdict(self.correlator.stats),
             "comms": len(self.router.comms),
             "clock_us": {f"{p}/{job}": t for (p, job), t in sorted(self.router.clock_us.items())},
+            "contested_comms": len(self.router.contested),
+            "unreadable_checkpoints": self.comm_store.unreadable + self.correlator_store.unreadable,
             "watermarks": self.correlator.describe(),
             "late": late_status(self.router, self.correlator),
             "deadletters_sent": self.deadletters.sent,
@@ -119,8 +130,9 @@ def register_agents(
             partitions=partitions,
         )
 
-    comm_store = TableCheckpoints(table(COMM_TABLE, config.events_partitions))
-    cor_store = TableCheckpoints(table(CORRELATOR_TABLE, config.verdicts_partitions))
+    chunk = config.max_checkpoint_chunk_bytes
+    comm_store = TableCheckpoints(table(COMM_TABLE, config.events_partitions), chunk)
+    cor_store = TableCheckpoints(table(CORRELATOR_TABLE, config.verdicts_partitions), chunk)
     router = CommRouter(
         engine,
         comm_store.get,
@@ -129,6 +141,12 @@ def register_agents(
         advance_every_us=int(config.advance_every_s * 1e6),
         allowed_lateness_us=config.policy.allowed_lateness_us,
         forget_lane_s=config.forget_lane_s,
+        limits=EdgeLimits(
+            max_nranks=config.max_nranks,
+            max_future_skew_us=int(config.max_future_skew_s * 1e6),
+            max_past_skew_us=int(config.max_past_skew_s * 1e6),
+            max_message_bytes=config.max_message_bytes,
+        ),
     )
     correlator = CorrelatorRunner(
         engine,
@@ -153,22 +171,37 @@ def register_agents(
 
     marks = WatermarkSender(topics.events, config.verdicts_partitions, offsets, send_mark)
 
+    def fits(kind: str, value: bytes, what: str) -> bool:
+        """A record over the broker's default limit would kill the producer (and with it
+        the worker): log it, count it as a detector error, and do not send it."""
+        if len(value) <= MAX_RECORD_BYTES:
+            return True
+        router.stats.detector_errors += 1
+        log.error("%s %s is %d bytes, over %d: not sent", kind, what, len(value), MAX_RECORD_BYTES)
+        return False
+
     async def emit(out: Output, store: TableCheckpoints, *, heartbeat: bool = False) -> None:
         watch.output(out)
+        encoded = [
+            (v, encode_verdict(v), clock) for v, clock in zip(out.verdicts, out.clocks, strict=True)
+        ]
         sent = [
             await verdicts_t.send(
                 key=v.host.encode(),
-                value=encode_verdict(v),
+                value=data,
                 headers=[(CLOCK_HEADER, str(clock).encode())],
             )
-            for v, clock in zip(out.verdicts, out.clocks, strict=True)
+            for v, data, clock in encoded
+            if fits("verdict", data, v.id)
         ]
         if store is comm_store:
             await send_watermarks(sent, heartbeat)
         watch.jobs(router.jobs | correlator.jobs)
         for c in out.commands:
             log.info("isolation command %s: %s %s (%s)", c.id, c.action, c.host, c.fault)
-            await isolations_t.send(key=c.host.encode(), value=encode_command(c))
+            data = encode_command(c)
+            if fits("isolation command", data, c.id):
+                await isolations_t.send(key=c.host.encode(), value=data)
         await dl.publish(out.deadletters)
         for partition, key, data in out.checkpoints:
             store.put(partition, key, data)
@@ -254,8 +287,9 @@ def late_status(router: CommRouter, correlator: CorrelatorRunner) -> dict[str, d
 
 
 def write_status(path: Any, status: dict[str, Any]) -> None:
-    """Atomically replace the status file (readers never see half a file)."""
-    tmp = f"{path}.tmp"
+    """Atomically replace the status file (readers never see half a file); the broker
+    watchdog writes from its own thread, hence a temp name per thread."""
+    tmp = f"{path}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as f:
         json.dump(status, f)
     os.replace(tmp, path)

@@ -15,8 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from streams.app.deadletter import Record, dead_letter
 from streams.app.detect_runner import Lane
 from streams.app.engine import CorrelatorLike, Engine
@@ -328,7 +326,7 @@ class CorrelatorRunner(StateRunner[int]):
             if rec.topic == self.watermark_topic:
                 try:
                     wm = decode_watermark(rec.value)
-                except msgspec.DecodeError as err:
+                except ValueError as err:  # msgspec's DecodeError is one
                     out.deadletters.append(dead_letter(rec, f"undecodable watermark: {err}"))
                     continue
                 if wm.verdicts_offset > self.read_upto.get(q, -1):
@@ -424,6 +422,13 @@ class CorrelatorRunner(StateRunner[int]):
         counts = self.late_verdicts.setdefault(job, {})
         counts[outcome] = counts.get(outcome, 0) + 1
         out.late_verdicts.append((job, outcome))
+
+    def _due(self, out: Output, now: float) -> None:
+        """Checkpoint the time/count-due correlators, and every dirty one when a decision
+        was made, so that its checkpoint goes out right behind the command (a worker
+        killed a second after a decision used to send it again)."""
+        keys = self.schedule.take_all() if out.commands else self.schedule.take_due(now)
+        out.checkpoints.extend(self._checkpoint(keys))
 
     def tick(self) -> Output:
         """Release what the watermarks allow; advance correlators; time-due checkpoints;

@@ -15,22 +15,88 @@ is tested without a broker.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import msgspec
 
 from producers.columnar import decode_events_many
-from producers.events import Event, EventDecodeError
+from producers.events import Event, EventDecodeError, OpEvent, ProgressEvent
+from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import DetectorLike, Engine
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
+from streams.verdicts import Verdict
 
-__all__ = ["CommRouter", "Lane", "contract_problem"]
+__all__ = ["CommRouter", "EdgeLimits", "Lane", "contract_problem", "unwrap_state", "wrap_state"]
 
 log = logging.getLogger(__name__)
 
 Slice = dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]
 """An open event-time slice of one lane, by communicator:
 comm -> (its events, (record, its events) per message)."""
+
+
+@dataclass(frozen=True)
+class EdgeLimits:
+    """What the worker accepts from ``c4.events`` beyond the contract's types.
+
+    Each bound stops one way a single message could take the worker down or steer it:
+    ``nranks = 2^31`` grew the worker to 21 GB; a ``ts_us`` a year ahead moved its
+    partition's clock and hid a fault; ``nranks`` doubled mid-stream hid a straggler.
+    """
+
+    max_nranks: int = 65_536
+    """Largest communicator accepted (the core sizes its arrays by ``nranks``)."""
+    max_future_skew_us: int = 600_000_000
+    """How far ahead of its partition's clock (and of the wall clock) an event may be."""
+    max_past_skew_us: int = 3_600_000_000
+    """How far behind its partition's clock an event may be."""
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_depth: int = MAX_DEPTH
+    contested_hold_us: int = 120_000_000
+    """How long (event time) a communicator's verdicts stay alert-only after two sources
+    contradicted each other about one of its ranks."""
+
+
+#: Envelope of a communicator's checkpoint: magic, version, the communicator's size
+#: (fixed once seen, so it survives a restart), then the detector's own bytes.
+_ENVELOPE = struct.Struct("!4sBq")
+_MAGIC = b"C4CM"
+
+
+def wrap_state(nranks: int, state: bytes) -> bytes:
+    """The detector's bytes in the envelope.
+
+    >>> unwrap_state(wrap_state(8, b"abc"))
+    (8, b'abc')
+    """
+    return _ENVELOPE.pack(_MAGIC, 1, nranks) + state
+
+
+def unwrap_state(data: bytes) -> tuple[int, bytes]:
+    """(communicator size, detector bytes); ValueError if ``data`` is not an envelope."""
+    if len(data) < _ENVELOPE.size:
+        raise ValueError("checkpoint shorter than its envelope")
+    magic, version, nranks = _ENVELOPE.unpack_from(data)
+    if magic != _MAGIC or version != 1 or nranks < 1:
+        raise ValueError("not a c4stream communicator checkpoint (no envelope)")
+    return nranks, data[_ENVELOPE.size :]
+
+
+class _Enveloped:
+    """A detector as its checkpoint is written: in the envelope with its size."""
+
+    __slots__ = ("detector", "nranks")
+
+    def __init__(self, detector: DetectorLike, nranks: int) -> None:
+        self.detector = detector
+        self.nranks = nranks
+
+    def to_bytes(self) -> bytes:
+        return wrap_state(self.nranks, self.detector.to_bytes())
 
 
 def contract_problem(events: Sequence[Event]) -> str | None:
@@ -45,6 +111,9 @@ def contract_problem(events: Sequence[Event]) -> str | None:
     for i, ev in enumerate(events):
         if ev.rank >= ev.nranks:
             return f"event {i}: rank {ev.rank} is not below nranks {ev.nranks}"
+        for c in ev.conns or ():
+            if c.peer >= ev.nranks:
+                return f"event {i}: peer {c.peer} is not below nranks {ev.nranks}"
     if not events:
         return "empty message: no events"
     return None
@@ -88,6 +157,8 @@ class CommRouter(StateRunner[str]):
         allowed_lateness_us: int = 10_000_000,
         forget_lane_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        limits: EdgeLimits | None = None,
+        epoch: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(
             lookup,
@@ -105,10 +176,8 @@ class CommRouter(StateRunner[str]):
         """Event-time clock (newest ``ts_us`` seen) per lane."""
         self._advanced_us: dict[Lane, int] = {}
         self._slice_end: dict[Lane, int] = {}
-        self.pending: dict[Lane, dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]]
-        self.pending = {}
-        """Per lane, the events of its open event-time slice, by communicator:
-        comm -> (its events, (record, its events) per message)."""
+        self.pending: dict[Lane, Slice] = {}
+        """Per lane, the events of its open event-time slice."""
         self._active: set[Lane] = set()
         """Lanes that got messages since the last tick()."""
         self._last_active: dict[Lane, float] = {}
@@ -118,6 +187,18 @@ class CommRouter(StateRunner[str]):
         """Per job: events dead-lettered as late beyond the allowed lateness."""
         self.jobs: set[str] = set()
         """Every job seen (its metrics are exported from 0)."""
+        self.limits = limits or EdgeLimits()
+        self.epoch = epoch
+        self.sizes: dict[str, int] = {}
+        """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
+        self._accepted_at: dict[Lane, float] = {}
+        """Lane -> wall time (``clock``) of the last message accepted."""
+        self._progress: dict[str, dict[int, tuple[int, int]]] = {}
+        """Communicator -> rank -> (started, completed) of its newest heartbeat."""
+        self._ops: dict[str, dict[tuple[int, str], tuple[int, float]]] = {}
+        """Communicator -> (rank, op) -> (seq, exec_us) of its newest completed op."""
+        self.contested: dict[str, tuple[int, str]] = {}
+        """Communicator -> (event time until which its verdicts are alert-only, why)."""
 
     def partition_clock(self, p: int) -> int:
         """Newest clock of any job in partition ``p`` (-1: none)."""
@@ -131,7 +212,7 @@ class CommRouter(StateRunner[str]):
         det = self._restore(
             comm.encode(),
             self._what(comm),
-            lambda data: self.engine.load_detector(comm, data),
+            lambda data: self._load(comm, data),
             lambda: self.engine.new_detector(comm),
         )
         c = self.comms[comm] = _Comm(det, partition, job)
@@ -139,9 +220,17 @@ class CommRouter(StateRunner[str]):
         self.jobs.add(job)
         return c
 
+    def _load(self, comm: str, data: bytes) -> DetectorLike:
+        size, state = unwrap_state(data)
+        det = self.engine.load_detector(comm, state)
+        self.sizes.setdefault(comm, size)  # only once the state itself loaded
+        return det
+
     def _locate(self, key: str) -> tuple[int, bytes, Checkpointable] | None:
         c = self.comms.get(key)
-        return None if c is None else (c.partition, key.encode(), c.detector)
+        if c is None:
+            return None
+        return c.partition, key.encode(), _Enveloped(c.detector, self.sizes.get(key, 1))
 
     def _what(self, key: str) -> str:
         return f"communicator {key}"
@@ -162,6 +251,8 @@ class CommRouter(StateRunner[str]):
     def _drop(self, partitions: set[int] | None, keys: list[str]) -> None:
         for comm in keys:
             self.comms.pop(comm)
+            for per_comm in (self.sizes, self._progress, self._ops, self.contested):
+                per_comm.pop(comm, None)
         lanes = {
             lane
             for lane in set(self.clock_us) | set(self.by_lane)
@@ -175,6 +266,7 @@ class CommRouter(StateRunner[str]):
             self.pending.pop(lane, None)
             self._active.discard(lane)
             self._last_active.pop(lane, None)
+            self._accepted_at.pop(lane, None)
 
     # ---------------------------------------------------------------- batches
     def process(self, records: Sequence[Record], settle: Collection[int] = ()) -> Output:
@@ -193,17 +285,42 @@ class CommRouter(StateRunner[str]):
         # a catch-up batch spanning minutes of event time is judged slice by slice, and a
         # slice spread over many small batches is judged at once, like offline.
         # JSON or Arrow (content-type header); the batch's Arrow messages are validated
-        # and converted together (cheaper than one by one)
-        decoded = decode_events_many([(rec.value, rec.content_type) for rec in records])
-        for rec, events in zip(records, decoded, strict=True):
+        # and converted together (cheaper than one by one). Oversize messages are refused
+        # before any decoding.
+        lim = self.limits
+        sized = [len(rec.value) <= lim.max_message_bytes for rec in records]
+        decoded = decode_events_many(
+            [
+                (rec.value, rec.content_type) if ok else (b"", None)
+                for rec, ok in zip(records, sized, strict=True)
+            ]
+        )
+        for rec, ok, events in zip(records, sized, decoded, strict=True):
+            if not ok:
+                out.deadletters.append(
+                    dead_letter(
+                        rec,
+                        f"undecodable message: {len(rec.value)} bytes is over the limit of "
+                        f"{lim.max_message_bytes}",
+                    )
+                )
+                continue
             if isinstance(events, EventDecodeError):
                 out.deadletters.append(dead_letter(rec, f"undecodable message: {events}"))
                 continue
-            problem = contract_problem(events)
+            problem = contract_problem(events) or self._admission_problem(rec.partition, events)
             if problem is not None:
                 out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
                 continue
             st.events += len(events)
+            now = self.wall()
+            for ev in events:
+                self._accepted_at[(rec.partition, ev.job)] = now
+                self.sizes.setdefault(ev.comm, ev.nranks)
+                if isinstance(ev, ProgressEvent):
+                    self._check_counters(ev)
+                else:
+                    self._check_op(ev)
             first = events[0].comm
             if all(ev.comm == first for ev in events):  # the usual case: one comm per message
                 self._take(rec, first, events, out)
@@ -260,6 +377,128 @@ class CommRouter(StateRunner[str]):
         g[0].extend(events)
         g[1].append((rec, events))
 
+    def _admission_problem(self, p: int, events: Sequence[Event]) -> str | None:
+        """What makes an otherwise valid message unsafe to feed (None: feed it).
+
+        A communicator's size never changes (NCCL gives a resized one a new id), so a
+        different ``nranks`` is a forgery or a bug, not a resize. Event time may not run
+        ahead of its lane's clock (partition and job: jobs keep their own time), nor of
+        the wall clock, by more than the skew (it would move the clock and make every
+        communicator of the job judge the future), nor lag far behind it; such events
+        never move the clock. After the lane has been quiet for the skew (wall time), a
+        jump ahead is taken as traffic resuming.
+        """
+        lim = self.limits
+        wall = self.wall()
+        horizon = int(self.epoch() * 1e6) + lim.max_future_skew_us
+        sizes = self.sizes
+        seen: dict[str, int] = {}
+        for i, ev in enumerate(events):
+            if ev.nranks > lim.max_nranks:
+                return f"event {i}: nranks {ev.nranks} is over the limit of {lim.max_nranks}"
+            size = sizes.get(ev.comm) or self._restored_size(ev.comm, p, ev.job)
+            size = size or seen.setdefault(ev.comm, ev.nranks)
+            if ev.nranks != size:
+                return (
+                    f"event {i}: communicator {ev.comm[:64]} has {size} ranks, "
+                    f"this event says {ev.nranks} (a communicator never changes size)"
+                )
+            ts = ev.ts_us
+            if ts > horizon:
+                return f"event {i}: ts_us {ts} is further ahead of the wall clock than the skew"
+            lane = (p, ev.job)
+            clock = self.clock_us.get(lane)
+            if clock is None:
+                continue
+            quiet = wall - self._accepted_at.get(lane, float("-inf"))
+            if ts > clock + lim.max_future_skew_us and quiet < lim.max_future_skew_us / 1e6:
+                return (
+                    f"event {i}: ts_us {ts} is {(ts - clock) / 1e6:.0f}s ahead of its "
+                    f"job's clock in this partition (allowed: {lim.max_future_skew_us / 1e6:.0f}s)"
+                )
+            if ts < clock - lim.max_past_skew_us:
+                return (
+                    f"event {i}: ts_us {ts} is {(clock - ts) / 1e6:.0f}s behind its "
+                    f"job's clock in this partition (allowed: {lim.max_past_skew_us / 1e6:.0f}s)"
+                )
+        return None
+
+    def _check_counters(self, ev: ProgressEvent) -> None:
+        """Corroboration, within the detector's physics: a rank's heartbeat counters only
+        grow, so a heartbeat that goes back means two sources report for one rank (a
+        forger and the real exporter). A forged hang must contradict someone: the
+        accused's own heartbeats (it is alive and advancing) or its peers' (they are not
+        as far ahead as claimed). Such a communicator's verdicts stay alert-only."""
+        ranks = self._progress.setdefault(ev.comm, {})
+        last = ranks.get(ev.rank)
+        ranks[ev.rank] = (
+            (max(ev.started, last[0]), max(ev.completed, last[1]))
+            if last
+            else (
+                ev.started,
+                ev.completed,
+            )
+        )
+        if last is not None and (ev.started < last[0] or ev.completed < last[1]):
+            why = (
+                f"rank {ev.rank}'s heartbeat went back from started {last[0]}/completed "
+                f"{last[1]} to {ev.started}/{ev.completed}: two sources report for it"
+            )
+            self._contest(ev.comm, ev.ts_us, why)
+
+    def _check_op(self, ev: OpEvent) -> None:
+        """The same for completed ops: per rank and op, ``seq`` only grows, and one
+        collective has one duration. A re-sent message repeats both exactly; a second
+        source (a forged straggler pattern) contradicts the real one in either."""
+        ops = self._ops.setdefault(ev.comm, {})
+        key = (ev.rank, ev.op)
+        last = ops.get(key)
+        if last is None or ev.seq > last[0]:
+            ops[key] = (ev.seq, ev.exec_us)
+            return
+        if ev.seq < last[0]:
+            self._contest(ev.comm, ev.ts_us,
+                          f"rank {ev.rank}'s {ev.op} went back from seq {last[0]} to {ev.seq}: "
+                          "two sources report for it")  # fmt: skip
+        elif ev.exec_us != last[1]:
+            why = (
+                f"rank {ev.rank}'s {ev.op} seq {ev.seq} reported twice with different "
+                f"durations ({last[1]} and {ev.exec_us} us): two sources report for it"
+            )
+            self._contest(ev.comm, ev.ts_us, why)
+
+    def _contest(self, comm: str, ts_us: int, why: str) -> None:
+        if comm not in self.contested:
+            log.warning("communicator %s contested: %s", comm, why)
+        self.contested[comm] = (ts_us + self.limits.contested_hold_us, why)
+
+    def _uncontested(self, comm: str, verdicts: list[Verdict]) -> list[Verdict]:
+        """``verdicts`` of ``comm``, made alert-only while its evidence is contested."""
+        hold = self.contested.get(comm)
+        if hold is None or not verdicts:
+            return verdicts
+        until, why = hold
+        out = []
+        for v in verdicts:
+            if v.ts_us > until:
+                out.append(v)
+                continue
+            out.append(
+                msgspec.structs.replace(
+                    v, benign=True, reason=f"evidence contested ({why}); alert only. {v.reason}"
+                )
+            )
+        return out
+
+    def _restored_size(self, comm: str, p: int, job: str) -> int | None:
+        """The size a communicator's checkpoint fixed (after a restart, before its
+        detector is restored), or None. Only a checkpoint whose detector loads counts:
+        a forged envelope around a refused state must not fix a size."""
+        if comm in self.comms or self.lookup(comm.encode()) is None:
+            return None
+        self._comm(comm, p, job)  # restores it (or starts afresh if unreadable)
+        return self.sizes.get(comm)
+
     def _judge(
         self,
         lane: Lane,
@@ -274,7 +513,7 @@ class CommRouter(StateRunner[str]):
             if top > c.judged_us:
                 c.judged_us = top
             try:
-                out.concluded(c.detector.observe(events), clock)
+                out.concluded(self._uncontested(comm, c.detector.observe(events)), clock)
             except Exception as err:
                 if len(parts) == 1:
                     self._detector_failed(comm, err, parts[0][0], out)
@@ -282,7 +521,7 @@ class CommRouter(StateRunner[str]):
                 # Retry message by message so only the offending one is dead-lettered.
                 for rec, evs in parts:
                     try:
-                        out.concluded(c.detector.observe(evs), clock)
+                        out.concluded(self._uncontested(comm, c.detector.observe(evs)), clock)
                     except Exception as err1:
                         self._detector_failed(comm, err1, rec, out)
             self.schedule.touch(comm, len(events), now)
@@ -313,7 +552,7 @@ class CommRouter(StateRunner[str]):
                 log.exception("detector of communicator %s failed to advance to %d", comm, now_us)
                 continue
             if found:
-                out.concluded(found, now_us)
+                out.concluded(self._uncontested(comm, found), now_us)
                 self.schedule.touch(comm, 0, wall)
 
     def tick(self) -> Output:

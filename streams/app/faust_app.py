@@ -9,6 +9,7 @@ or bound to 127.0.0.1; short session/rebalance timeouts and no recovery delay.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +29,54 @@ def broker_url(bootstrap: str) -> str:
     return ";".join(f"kafka://{hp.strip()}" for hp in bootstrap.split(",") if hp.strip())
 
 
-def _credentials(config: WorkerConfig) -> Any:
-    kw = config.kafka.aiokafka_kwargs()
-    if "sasl_plain_username" not in kw:
-        return None
-    import faust
+class WorkerSecurityError(ValueError):
+    """The worker's Kafka security settings (``[kafka.extra]``) are inconsistent."""
 
-    return faust.SASLCredentials(
-        username=kw["sasl_plain_username"],
-        password=kw.get("sasl_plain_password", ""),
-        mechanism=kw.get("sasl_mechanism", "PLAIN"),
-    )
+
+def ssl_context(kw: dict[str, Any]) -> ssl.SSLContext:
+    """A client TLS context from librdkafka-named settings mapped by ``aiokafka_kwargs``:
+    CA file (else the system's), client certificate and key (mutual TLS), and host name
+    checking unless ``ssl.endpoint.identification.algorithm`` is ``none``."""
+    ctx = ssl.create_default_context(cafile=kw.get("ssl_cafile"))
+    if kw.get("ssl_certfile"):
+        ctx.load_cert_chain(kw["ssl_certfile"], kw.get("ssl_keyfile"), kw.get("ssl_password"))
+    if str(kw.get("ssl_check_hostname", "https")).lower() == "none":
+        ctx.check_hostname = False
+    return ctx
+
+
+def worker_credentials(config: WorkerConfig) -> Any:
+    """Faust broker credentials for ``security.protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT,
+    SASL_SSL) as every other service reads it from ``[kafka.extra]``; None: plaintext.
+
+    The worker used to pass SASL credentials only and ignore ``security.protocol``: it
+    could not reach a TLS-only broker, and SASL passwords went over plaintext.
+    """
+    import faust  # optional heavy dependency, loaded with the worker only
+
+    kw = config.kafka.aiokafka_kwargs()
+    protocol = str(kw.get("security_protocol", "PLAINTEXT")).upper()
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+        raise WorkerSecurityError(f"security.protocol {protocol!r} is not supported")
+    sasl = protocol.startswith("SASL_")
+    if sasl and "sasl_plain_username" not in kw:
+        raise WorkerSecurityError(f"security.protocol {protocol} needs sasl.username")
+    if not sasl and "sasl_plain_username" in kw:
+        raise WorkerSecurityError(
+            f"sasl.username is set but security.protocol is {protocol}: "
+            "say SASL_SSL (or SASL_PLAINTEXT on a trusted network)"
+        )
+    ctx = ssl_context(kw) if protocol.endswith("SSL") else None
+    if sasl:
+        return faust.SASLCredentials(
+            username=kw["sasl_plain_username"],
+            password=kw.get("sasl_plain_password", ""),
+            mechanism=kw.get("sasl_mechanism", "PLAIN"),
+            ssl_context=ctx,
+        )
+    if ctx is not None:
+        return faust.SSLCredentials(ctx)
+    return None
 
 
 def make_app(config: WorkerConfig, engine: Engine | None = None, metrics: Any = None) -> Any:
@@ -53,7 +91,7 @@ def make_app(config: WorkerConfig, engine: Engine | None = None, metrics: Any = 
     app = faust.App(
         config.group_id(),
         broker=broker_url(config.kafka.resolved_bootstrap()),
-        broker_credentials=_credentials(config),
+        broker_credentials=worker_credentials(config),
         store="memory://",
         datadir=str(workdir / "faust"),
         key_serializer="raw",

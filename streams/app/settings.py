@@ -92,6 +92,26 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tick_s: PosFloat = 1.0
     """Wall-clock period of the timer that advances detectors, checkpoints, writes status."""
 
+    max_nranks: Pos = 65_536
+    """Largest communicator accepted; an event claiming more is dead-lettered."""
+    max_future_skew_s: PosFloat = 600.0
+    """Events further ahead of their partition's clock (or of the wall clock) than this
+    are dead-lettered and never move the clock."""
+    max_past_skew_s: PosFloat = 3600.0
+    """Events further behind their partition's clock than this are dead-lettered."""
+    max_message_bytes: Pos = 8 * 1024 * 1024
+    """Larger ``c4.events`` messages are dead-lettered undecoded."""
+    max_checkpoint_chunk_bytes: Pos = 512 * 1024
+    """Checkpoints (compressed) are split into changelog records of at most this size,
+    well under the broker's default 1 MB ``message.max.bytes``."""
+    broker_unreachable_exit_s: PosFloat = 60.0
+    """Exit non-zero when no broker has answered for this long (the supervisor restarts
+    the worker; a worker that pretends to run is worse)."""
+
+    stop_grace_s: PosFloat = 10.0
+    """SIGTERM/SIGINT: a clean stop (checkpoints, producer flush) that takes longer than
+    this (e.g. the broker is gone) ends the process anyway, with status 4."""
+
     session_timeout_s: PosFloat = 10.0
     heartbeat_interval_s: PosFloat = 1.0
     rebalance_timeout_s: PosFloat = 10.0

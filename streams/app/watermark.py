@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from producers.guard import BoundsError, check_bounds
+
 __all__ = ["Watermark", "WatermarkSender", "decode_watermark", "encode_watermark"]
 
 
@@ -53,7 +55,14 @@ def encode_watermark(w: Watermark) -> bytes:
 
 
 def decode_watermark(data: bytes) -> Watermark:
-    return _wm_decoder.decode(data)
+    """Raises ValueError (msgspec's DecodeError or a bound) on anything not a mark."""
+    try:
+        check_bounds(data, max_bytes=4096)
+        return _wm_decoder.decode(data)
+    except (msgspec.DecodeError, BoundsError):
+        raise
+    except Exception as err:  # RecursionError and the like: never past the edge
+        raise ValueError(f"undecodable: {type(err).__name__}") from None
 
 
 class Offsets(Protocol):

@@ -523,7 +523,7 @@ class HostCorrelator:
             gpu=gpu,
             nic=nic,
             peer_host=peer,
-            dry_run=True if cfg.dry_run else None,
+            dry_run=cfg.dry_run,  # explicit: an actuator treats an absent dry_run as true
         )
 
 

@@ -69,7 +69,7 @@ def test_hang_recorded_by_pytorch_shows_in_progress_events(kind: str, tmp_path: 
     first = [e for e in ops if e.comm == "0" and e.rank == 1 and e.seq == 1][0]
     assert first.op == "AllReduce" and first.bytes == 1024 * 1024 * 4
     assert first.exec_us == pytest.approx(7750.0)  # duration_ms 7.75
-    assert first.host == "host_rank1"
+    assert first.host == "host-rank1"
     tp_op = [e for e in ops if e.comm == "1"][0]
     assert tp_op.op == "AllGather" and tp_op.bytes == 1024 * 1024 * 2  # BFloat16
     assert decode_message(encode_message([*ops, *progress])) == [*ops, *progress]

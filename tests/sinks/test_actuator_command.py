@@ -82,6 +82,7 @@ def command(**kw: Any) -> IsolationCommand:
         confidence=0.9,
         reason="node017 NIC mlx5_1 sends at 40% of its peers",
         evidence={},
+        dry_run=False,  # absent means dry run
     )
     base.update(kw)
     return IsolationCommand(**base)

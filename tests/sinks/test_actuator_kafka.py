@@ -49,6 +49,7 @@ def command(**kw: Any) -> IsolationCommand:
         confidence=0.9,
         reason="node001 GPU 5 arrives last",
         evidence={},
+        dry_run=False,  # absent means dry run
     )
     base.update(kw)
     return IsolationCommand(**base)
@@ -253,7 +254,9 @@ def test_restart_after_sigkill_resumes_at_once_with_static_membership(
     second = actuate()
     try:
         t0 = time.monotonic()
-        produce(kafka_bootstrap, topics["isolations"], [encode_command(command(id="k2"))])
+        # another fault (the same fault again would be a duplicate, whatever its id)
+        k2 = command(id="k2", host="node002")
+        produce(kafka_bootstrap, topics["isolations"], [encode_command(k2)])
         wait_actions(2, second, 40)
         resumed = time.monotonic() - t0
     finally:

@@ -271,6 +271,7 @@ def command(**kw: Any) -> IsolationCommand:
         confidence=0.93,
         reason="gpu-node-3 GPU 2 arrived last in 40 of 40 all-reduces (median +18 ms).",
         evidence={"comms": ["0xa"]},
+        dry_run=False,  # absent means dry run
     )
     base.update(kw)
     return IsolationCommand(**base)

@@ -26,7 +26,7 @@ SCHEMA = json.loads(
 def command(**kw: Any) -> IsolationCommand:
     base: dict[str, Any] = dict(
         id="c4-1", ts_us=1, job="j", host="node017.cluster.local", fault="slow_nic",
-        action="cordon", confidence=0.9, reason="NIC at 40%", evidence={},
+        action="cordon", confidence=0.9, reason="NIC at 40%", evidence={}, dry_run=False,
     )  # fmt: skip
     base.update(kw)
     return IsolationCommand(**base)
@@ -37,14 +37,18 @@ def test_every_outcome_is_a_valid_record(tmp_path: Path) -> None:
     fail = f"{shlex.quote(sys.executable)} -c 'import sys; sys.exit(3)'"
     live = ActuatorConfig(execute=True, strip_domain=True, attempts=1, deny=("login-*",))
     dry = ActuatorConfig(strip_domain=True)
+    capped = ActuatorConfig(execute=True, strip_domain=True, max_actions_per_job_per_hour=2)
     cases = [
         (live, ok, command(), ("act", "done")),
         (live, ok, command(id="c4-1"), ("duplicate", "done")),
-        (dry, ok, command(id="c4-2"), ("dry_run", "dry_run")),
+        (dry, ok, command(id="c4-2", nic="mlx5_3"), ("dry_run", "dry_run")),
         (live, ok, command(id="c4-3", host="login-1"), ("denied", "skipped")),
         (live, ok, command(id="c4-4", action="alert_only"), ("alert_only", "skipped")),
         (live, ok, command(id="c4-5", action="restart_job"), ("act", "skipped")),
-        (live, fail, command(id="c4-6"), ("act", "failed")),
+        (live, fail, command(id="c4-6", nic="mlx5_1"), ("act", "failed")),
+        (live, ok, command(id="c4-7", nic="mlx5_1"), ("act", "done")),  # a failure is retried
+        (live, ok, command(id="c4-8"), ("duplicate", "skipped")),  # same fault, new id
+        (capped, ok, command(id="c4-9", nic="mlx5_2"), ("capped", "skipped")),
     ]
     with Ledger(tmp_path / "ledger.sqlite3") as led:
         for cfg, tmpl, cmd, want in cases:

@@ -46,6 +46,7 @@ def command(**kw: Any) -> IsolationCommand:
         confidence=0.93,
         reason="node-002 GPU 5 arrived last in 40 of 40 all-reduces.",
         evidence={},
+        dry_run=False,  # absent means dry run
     )
     base.update(kw)
     return IsolationCommand(**base)
@@ -75,7 +76,9 @@ def test_drains_exactly_the_mapped_node_with_a_recognisable_reason(
         for other in set(c.nodes) - {"node-002"}:
             assert c.node(other)["State"] == before[other], other
         # A repeat (another command for the same node) leaves c4stream's reason alone.
-        again = act.handle(command(id="c4-8"))
+        again = act.handle(
+            command(id="c4-8", gpu=6)
+        )  # another fault: the same fault is a duplicate
         assert again.status == "done" and "already drained by c4stream" in again.detail
         assert c.node("node-002")["Reason"] == n2["Reason"]
 

@@ -58,7 +58,7 @@ def test_same_fault_again_gives_the_same_id_and_restart_resumes() -> None:
 def test_deny_list_and_no_dry_run() -> None:
     c = HostCorrelator(PolicyConfig(deny_hosts=["node-001"], dry_run=False))
     [cmd] = feed(c, [straggler("node-001", 1), straggler("node-001", 2)])
-    assert cmd.action == "alert_only" and cmd.dry_run is None
+    assert cmd.action == "alert_only" and cmd.dry_run is False
     assert "deny list" in cmd.reason
 
 

@@ -78,7 +78,7 @@ def test_hung_rank_is_named_non_communication_hang(
     cap = _capture(case)
     res = _detect(_snapshot(case, moment, fmt, tmp_path), tmp_path)
     [cmd] = _acting(res)
-    assert (cmd.host, cmd.fault) == (f"host_rank{cap['bad_rank']}", "noncomm_hang")
+    assert (cmd.host, cmd.fault) == (f"host-rank{cap['bad_rank']}", "noncomm_hang")
     if cap["hang_at_world_collective"]:
         assert f"collective {cap['hang_at_world_collective']}" in cmd.reason
     assert len(res.commands) == 1  # nothing else isolated or reported
@@ -100,7 +100,7 @@ def test_late_rank_is_named_straggler(case: str, moment: str, fmt: str, tmp_path
     res = _detect(_snapshot(case, moment, fmt, tmp_path), tmp_path)
     [cmd] = res.commands
     assert (cmd.host, cmd.fault, cmd.action) == (
-        f"host_rank{cap['bad_rank']}",
+        f"host-rank{cap['bad_rank']}",
         "straggler",
         "cordon",
     )
@@ -127,7 +127,7 @@ def test_after_timeout_needs_no_clock(case: str, fmt: str, tmp_path: Path) -> No
     counting a collective as completed that the hung rank never entered still name it."""
     res = _detect(_snapshot(case, "after_timeout", fmt, tmp_path, mtimes=False), tmp_path)
     [cmd] = _acting(res)
-    assert (cmd.host, cmd.fault) == (f"host_rank{_capture(case)['bad_rank']}", "noncomm_hang")
+    assert (cmd.host, cmd.fault) == (f"host-rank{_capture(case)['bad_rank']}", "noncomm_hang")
 
 
 @pytest.mark.timeout(30)
@@ -158,7 +158,7 @@ def test_nccl_format_hang_decided_once_peers_waited_past_the_threshold(
     res = _detect(dst, tmp_path)
     if expect:
         [cmd] = _acting(res)
-        assert (cmd.host, cmd.fault) == ("host_rank2", "noncomm_hang")
+        assert (cmd.host, cmd.fault) == ("host-rank2", "noncomm_hang")
         assert "collective 5" in cmd.reason
     else:
         assert res.commands == []
@@ -201,7 +201,7 @@ def _nccl_dumps(tmp_path: Path, late_rank: int, n_ranks: int = 6, n_coll: int = 
 def test_nccl_format_straggler_from_durations(late_rank: int, tmp_path: Path) -> None:
     res = _detect(_nccl_dumps(tmp_path, late_rank), tmp_path)
     [cmd] = res.commands
-    assert (cmd.host, cmd.fault) == (f"host_rank{late_rank}", "straggler")
+    assert (cmd.host, cmd.fault) == (f"host-rank{late_rank}", "straggler")
     assert "kernel time" in cmd.reason  # judged from within-rank durations, no clock
 
 
@@ -230,7 +230,7 @@ def test_dumps_in_per_host_directories_are_one_snapshot(tmp_path: Path) -> None:
     assert {e.nranks for e in world} == {4}  # membership seen across both host directories
     res = _detect(root, tmp_path)
     [cmd] = _acting(res)  # one host, one command (the cool-down joins both moments)
-    assert (cmd.host, cmd.fault) == ("host_rank2", "noncomm_hang")
+    assert (cmd.host, cmd.fault) == ("host-rank2", "noncomm_hang")
 
 
 @pytest.mark.timeout(30)
@@ -244,7 +244,7 @@ def test_pickle_and_json_dumps_in_one_directory(tmp_path: Path) -> None:
             shutil.copy2(f, mixed / f.name)
     res = _detect(mixed, tmp_path)  # no bad lines
     [cmd] = res.commands
-    assert (cmd.host, cmd.fault) == ("host_rank2", "noncomm_hang")
+    assert (cmd.host, cmd.fault) == ("host-rank2", "noncomm_hang")
 
 
 @pytest.mark.timeout(30)

@@ -24,6 +24,8 @@ if __name__ != "__main__":
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
 from producers.events import Event, OpEvent, encode_message
+from streams.app.checkpoint import join_checkpoint
+from streams.app.detect_runner import unwrap_state
 from streams.app.settings import WorkerConfig
 from streams.commands import IsolationCommand, decode_command
 from streams.verdicts import Verdict
@@ -301,12 +303,17 @@ def test_malformed_input_is_dead_lettered_and_the_stream_goes_on(
 
 
 def last_checkpoints(bootstrap: str, changelog: str, until, timeout: float) -> dict[bytes, bytes]:
-    """The newest value per key of a table's changelog topic."""
+    """The newest checkpoint per key of a table's changelog topic (chunks joined, the
+    router's envelope taken off)."""
     latest: dict[bytes, bytes] = {}
 
     def done(msgs: list[tuple[bytes, bytes]]) -> bool:
+        records = dict(msgs)
         latest.clear()
-        latest.update(msgs)
+        for k in records:
+            if b"\x00" not in k:  # chunk keys carry a NUL; the manifest is under the key
+                data = join_checkpoint(records.get, k)
+                latest[k] = unwrap_state(data)[1] if data is not None else b""
         return until(latest)
 
     read_topic(bootstrap, changelog, until=done, timeout=timeout)

@@ -14,7 +14,7 @@ from producers.events import Event, OpEvent, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
 from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import Record
-from streams.app.detect_runner import CommRouter
+from streams.app.detect_runner import CommRouter, wrap_state
 from streams.app.engine import CoreEngine
 from streams.app.runner import Output
 from streams.app.watermark import Watermark, encode_watermark
@@ -188,7 +188,7 @@ def test_bad_messages_become_dead_letters_and_the_rest_is_judged() -> None:
     assert got["ev[1]@14"] == "detector error in communicator 0xa: RuntimeError: boom"
     assert ("observe", [1]) in eng.log and ("observe", [4]) in eng.log
     # 3 good events >= every 2 events: one checkpoint, to the comm's own partition.
-    assert out.checkpoints == [(1, b"0xa", b"state")]
+    assert out.checkpoints == [(1, b"0xa", wrap_state(2, b"state"))]
     assert r.flush().checkpoints == []  # nothing dirty any more
 
 

@@ -1,0 +1,155 @@
+"""Forged commands on ``c4.isolations`` (issue 12, defect 5), through the real broker and
+the actuator's own Kafka loop with an executing (``--execute``) configuration.
+
+What is refused whatever the topic's ACLs: commands that do not say ``dry_run: false``,
+host names that are not host names, poison pills; what gets through a topic anyone may
+write is bounded by the actuator's own cap per job per hour (the defence for the rest
+is the ACL: only the worker's principal may write ``c4.isolations``, docs/security.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from c4base.kafka import KafkaConfig
+from producers.events import Event, ProgressEvent
+from producers.simulator import simulate
+from sinks.actuator.config import ActuatorConfig
+from sinks.actuator.consumer import run
+from sinks.actuator.ledger import Ledger
+from streams.commands import IsolationCommand, encode_command
+from streams.worker import start_worker_process
+from tests.chaos.harness import (
+    ROWS,
+    SIM,
+    Recording,
+    Row,
+    as_messages,
+    commands,
+    deadletters,
+    produce,
+    worker_config,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def forged(i: int, **kw: object) -> bytes:
+    cmd = IsolationCommand(
+        id=f"forged-{i}", ts_us=1, job="victim-job", host=f"node-{i:03d}", fault="straggler",
+        action="cordon_and_taint", confidence=1.0, reason="trust me", evidence={},
+    )  # fmt: skip
+    d = json.loads(encode_command(cmd))
+    d.update(kw)
+    return json.dumps(d).encode()
+
+
+@pytest.mark.timeout(120)
+def test_forged_commands_are_bounded_by_the_actuator(
+    kafka_bootstrap: str, make_topics, tmp_path: Path
+) -> None:
+    t = make_topics({"isolations": 1, "deadletter": 1})
+    batches = {
+        "no dry_run": [forged(i) for i in range(20)],
+        "dry_run false": [forged(100 + i, dry_run=False) for i in range(20)],
+        "bad host": [
+            forged(200 + i, dry_run=False, host=h)
+            for i, h in enumerate(["--all", "*", "../../etc", "a\nb", "-rf"] * 4)
+        ],
+        "poison": [b'{"evidence":' + b"[" * 3000 + b"]" * 3000 + b"}"] * 20,
+    }
+    msgs = [(None, v) for vs in batches.values() for v in vs]
+    produce(kafka_bootstrap, t["isolations"], msgs)
+    cfg = ActuatorConfig(
+        kafka=KafkaConfig(bootstrap=kafka_bootstrap),
+        execute=True,
+        isolations=t["isolations"],
+        deadletter=t["deadletter"],
+        group=f"act-{tmp_path.name}",
+        exit_when_idle_s=3.0,
+    )
+    backend = Recording()
+    with Ledger(tmp_path / "ledger.sqlite3") as led:
+        stats = run(cfg, backend, led)
+    dls = deadletters(kafka_bootstrap, t["deadletter"], want=40, timeout=20)
+    ROWS.append(
+        Row(
+            "forged commands on c4.isolations, actuator --execute",
+            sent=len(msgs),
+            deadlettered=len(dls),
+            acted=len(backend.applied),
+            false_isolations=len(backend.applied),
+            notes=(
+                f"{stats.by_decision.get('dry_run', 0)} dry run (no dry_run field), "
+                f"{stats.by_decision.get('capped', 0)} capped; the rest needs Kafka ACLs"
+            ),
+        )
+    )
+    assert stats.received == len(msgs) and stats.invalid == 40
+    assert len(dls) == 40 and all("invalid isolation command" in d.reason for d in dls)
+    assert stats.by_decision.get("dry_run") == 20
+    assert backend.applied == ["node-100", "node-101"]  # the cap of 2 per job per hour
+    assert stats.by_decision.get("capped") == 18
+
+
+def forged_heartbeats(good: list[list[Event]], victim: str, after_us: int) -> list[list[Event]]:
+    """Heartbeats of every peer of ``victim`` claiming to be 3 collectives ahead and
+    waiting in the next one: ``victim`` looks like the rank that never joined."""
+    t0 = min(e.ts_us for b in good for e in b)
+    comms = {e.comm for b in good for e in b if e.host == victim}
+    out: dict[str, list[Event]] = {}
+    for b in good:
+        for e in b:
+            if (
+                isinstance(e, ProgressEvent)
+                and e.comm in comms
+                and e.host != victim
+                and e.ts_us >= t0 + after_us
+            ):
+                out.setdefault(e.comm, []).append(
+                    msgspec.structs.replace(
+                        e,
+                        started=e.started + 3,
+                        inflight_op="AllReduce",
+                        inflight_us=float(e.ts_us - t0 - after_us),
+                        ts_us=e.ts_us + 1000,
+                    )
+                )
+    return list(out.values())
+
+
+@pytest.mark.timeout(180)
+def test_forged_heartbeats_cannot_get_a_healthy_host_isolated(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    good = [b for b in simulate(msgspec.structs.replace(SIM, faults=[])) if b]
+    forged = forged_heartbeats(good, "node-001", 8_000_000)
+    cfg = worker_config(kafka_bootstrap, tmp_path / "w")
+    msgs = as_messages(good)
+    # The forger's messages go out in the middle of the real stream.
+    mixed = msgs[: len(msgs) // 2] + as_messages(forged) + msgs[len(msgs) // 2 :]
+    with start_worker_process(cfg) as w:
+        w.wait_ready(90)
+        produce(kafka_bootstrap, cfg.topics().events, mixed)
+        w.wait_for(lambda s: s["detect"]["messages"] >= len(mixed), 90, "through")
+        time.sleep(3)
+        st = w.status()
+        assert w.stop() == 0
+    cmds = commands(kafka_bootstrap, cfg.topics().isolations, timeout=3)
+    iso = [c for c in cmds if c.action != "alert_only"]
+    ROWS.append(
+        Row(
+            "forged heartbeats: node-001's peers 'ahead' (healthy job)",
+            sent=len(mixed),
+            deadlettered=st["deadletters_sent"],
+            false_isolations=len(iso),
+            found="0/0",
+            notes=f"{len(forged)} forged messages, {sum(map(len, forged))} events",
+        )
+    )
+    assert iso == []
