@@ -107,6 +107,7 @@ def command(**kw: Any) -> IsolationCommand:
         reason="node017 GPU 3 hangs",
         evidence={},
         gpu=3,
+        dry_run=False,  # the worker decided to act (a command without it is a dry run)
     )
     base.update(kw)
     return IsolationCommand(**base)

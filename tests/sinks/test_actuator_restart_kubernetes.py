@@ -156,6 +156,7 @@ def command(**kw: Any) -> IsolationCommand:
         confidence=0.93,
         reason="gpu-node-3 GPU 2 arrived last in 40 of 40 all-reduces.",
         evidence={},
+        dry_run=False,  # the worker decided to act (a command without it is a dry run)
     )
     base.update(kw)
     return IsolationCommand(**base)

@@ -67,6 +67,7 @@ def test_the_job_on_the_drained_node_is_requeued_once(
         confidence=0.97,
         reason=f"{node} GPU 3 hangs: it has not started collective 12 while its peers waited.",
         evidence={},
+        dry_run=False,  # the worker decided to act (a command without it is a dry run)
     )
     produce(kafka_bootstrap, topics["isolations"], [encode_command(cmd)] * 2)
     ledger = tmp_path / "ledger.sqlite3"
@@ -127,8 +128,9 @@ def test_the_job_on_the_drained_node_is_requeued_once(
     with Ledger(ledger) as led, RestartLog(ledger) as rl:
         hook = RestartHook(rs, slurm_restarter(cfg.slurm, rs, check_programs=True), rl)
         act = Actuator(cfg, SlurmBackend(cfg.slurm), led, restart=hook)
-        # found by name on the node: the requeued job is not there any more
-        h = act.handle(msgspec.structs.replace(cmd, id="c4-slurm-2"))
+        # found by name on the node: the requeued job is not there any more. Another GPU
+        # of the host: the same fault again would be a duplicate by fault identity.
+        h = act.handle(msgspec.structs.replace(cmd, id="c4-slurm-2", gpu=5))
         assert h.status == "done", h  # the node stays drained by c4stream
         second = rl.get("c4-slurm-2")
         assert second is not None and second.status == "skipped"
