@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from producers.columnar import CONN_TYPE, EVENT_SCHEMA
+
 __all__ = [
     "CONN",
     "DEDUPE_KEY",
@@ -59,48 +61,19 @@ SOURCE_FIELDS = [
 
 DEDUPE_KEY = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_index")
 
-#: One connection of a rank with a peer (``producers.events.Conn``).
-CONN = pa.struct(
-    [
-        pa.field("peer", pa.int32(), nullable=False),
-        pa.field("dir", pa.string(), nullable=False),
-        pa.field("bytes", pa.int64(), nullable=False),
-        pa.field("time_us", pa.float64()),
-        pa.field("retrans", pa.int64()),
-    ]
-)
+#: One connection of a rank with a peer: the wire's own type (``producers.columnar``).
+CONN = CONN_TYPE
 
-#: One row per event (op and progress flattened; fields of the other kind are null).
+#: One row per event (op and progress flattened; fields of the other kind are null): the
+#: wire's columns without ``job`` (a partition directory here), ``v`` widened as archived
+#: since the first release, then where each row came from.
 EVENTS = pa.schema(
     [
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("v", pa.int16(), nullable=False),
-        pa.field("comm", pa.string(), nullable=False),
-        pa.field("comm_name", pa.string()),
-        pa.field("nranks", pa.int32(), nullable=False),
-        pa.field("rank", pa.int32(), nullable=False),
-        pa.field("host", pa.string(), nullable=False),
-        pa.field("gpu", pa.int32()),
-        pa.field("nic", pa.string()),
-        pa.field("ts_us", pa.int64(), nullable=False),
-        # op events
-        pa.field("op", pa.string()),
-        pa.field("seq", pa.int64()),
-        pa.field("bytes", pa.int64()),
-        pa.field("exec_us", pa.float64()),
-        pa.field("algbw_gbs", pa.float64()),
-        pa.field("busbw_gbs", pa.float64()),
-        pa.field("algo", pa.string()),
-        pa.field("proto", pa.string()),
-        # progress events
-        pa.field("started", pa.int64()),
-        pa.field("completed", pa.int64()),
-        pa.field("inflight_op", pa.string()),
-        pa.field("inflight_us", pa.float64()),
-        # both
-        pa.field("conns", pa.list_(CONN)),
-        *SOURCE_FIELDS,
+        pa.field("v", pa.int16(), nullable=False) if f.name == "v" else f
+        for f in EVENT_SCHEMA
+        if f.name != "job"
     ]
+    + SOURCE_FIELDS
 )
 
 #: One row per verdict (``streams.verdicts.Verdict``).
