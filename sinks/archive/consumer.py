@@ -38,10 +38,9 @@ from c4base.metrics import MetricsLike, NullMetrics
 from c4base.runtime import BaseHandler, ConsumerRunner, Context, Record, RunnerConfig
 from c4base.topics import Topics
 from producers.columnar import content_type_of
-from sinks.archive import tables
 from sinks.archive.decode import DECODERS
 from sinks.archive.schemas import SCHEMAS
-from sinks.archive.tables import MessageSources
+from sinks.archive.tables import BUILDERS, MessageSources
 from sinks.archive.writer import DatasetWriter, RollPolicy, sweep_stale_temps
 
 __all__ = ["ARCHIVE_SECTION", "ArchiveConfig", "ArchiveHandler", "ArchiveStats", "Archiver"]
@@ -166,7 +165,7 @@ class ArchiveHandler(BaseHandler):
                 observe_latency(self.metrics, STAGE, ts_us=ts_us)
         if not kept:
             return
-        build = getattr(tables, f"{name}_table")
+        build = BUILDERS[name]
         for rows in self._build(name, build, kept, records, ctx):
             self._write(name, rows)
 

@@ -23,7 +23,7 @@ with numpy, so a message holding 200 events costs one entry, not 200.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -38,7 +38,14 @@ from sinks.archive.schemas import CONN, EVENTS, ISOLATIONS, VERDICTS
 from streams.commands import IsolationCommand
 from streams.verdicts import Verdict
 
-__all__ = ["MessageSources", "Rows", "events_table", "isolations_table", "verdicts_table"]
+__all__ = [
+    "BUILDERS",
+    "MessageSources",
+    "Rows",
+    "events_table",
+    "isolations_table",
+    "verdicts_table",
+]
 
 _json = msgspec.json.Encoder()
 # Fields only one of OpEvent / ProgressEvent has (null in the other kind's rows).
@@ -179,3 +186,11 @@ def isolations_table(commands: Sequence[IsolationCommand], src: MessageSources) 
     return Rows(
         _table(ISOLATIONS, special, commands, src), _attr_column(commands, "job", pa.string())
     )
+
+
+BUILDERS: dict[str, Callable[[Sequence[Any], MessageSources], Rows]] = {
+    "events": events_table,
+    "verdicts": verdicts_table,
+    "isolations": isolations_table,
+}
+"""Each dataset's table builder, by the dataset names of :data:`sinks.archive.schemas.SCHEMAS`."""
