@@ -24,10 +24,17 @@ import msgspec
 
 from producers.columnar import decode_events_many
 from producers.events import Event, EventDecodeError, OpEvent, ProgressEvent
-from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES
+from producers.guard import (
+    MAX_DEPTH,
+    MAX_FUTURE_SKEW_US,
+    MAX_MESSAGE_BYTES,
+    MAX_NRANKS,
+    MAX_PAST_SKEW_US,
+)
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import DetectorLike, Engine
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
+from streams.app.trust import EventTrust, signature_refusal
 from streams.verdicts import Verdict
 
 __all__ = ["CommRouter", "EdgeLimits", "Lane", "contract_problem", "unwrap_state", "wrap_state"]
@@ -48,11 +55,11 @@ class EdgeLimits:
     partition's clock and hid a fault; ``nranks`` doubled mid-stream hid a straggler.
     """
 
-    max_nranks: int = 65_536
+    max_nranks: int = MAX_NRANKS
     """Largest communicator accepted (the core sizes its arrays by ``nranks``)."""
-    max_future_skew_us: int = 600_000_000
+    max_future_skew_us: int = MAX_FUTURE_SKEW_US
     """How far ahead of its partition's clock (and of the wall clock) an event may be."""
-    max_past_skew_us: int = 3_600_000_000
+    max_past_skew_us: int = MAX_PAST_SKEW_US
     """How far behind its partition's clock an event may be."""
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_depth: int = MAX_DEPTH
@@ -159,6 +166,7 @@ class CommRouter(StateRunner[str]):
         clock: Callable[[], float] = time.monotonic,
         limits: EdgeLimits | None = None,
         epoch: Callable[[], float] = time.time,
+        trust: EventTrust | None = None,
     ) -> None:
         super().__init__(
             lookup,
@@ -188,6 +196,8 @@ class CommRouter(StateRunner[str]):
         self.jobs: set[str] = set()
         """Every job seen (its metrics are exported from 0)."""
         self.limits = limits or EdgeLimits()
+        self.trust = trust
+        """Checks signed events when ``[worker] require_signed_events`` (None: off)."""
         self.epoch = epoch
         self.sizes: dict[str, int] = {}
         """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
@@ -289,13 +299,18 @@ class CommRouter(StateRunner[str]):
         # before any decoding.
         lim = self.limits
         sized = [len(rec.value) <= lim.max_message_bytes for rec in records]
+        # Signed events (docs/security.md): the signature before decoding, hosts after.
+        unsigned = [
+            signature_refusal(self.trust, rec) if ok else None
+            for rec, ok in zip(records, sized, strict=True)
+        ]
         decoded = decode_events_many(
             [
-                (rec.value, rec.content_type) if ok else (b"", None)
-                for rec, ok in zip(records, sized, strict=True)
+                (rec.value, rec.content_type) if ok and not bad else (b"", None)
+                for rec, ok, bad in zip(records, sized, unsigned, strict=True)
             ]
         )
-        for rec, ok, events in zip(records, sized, decoded, strict=True):
+        for rec, ok, bad, events in zip(records, sized, unsigned, decoded, strict=True):
             if not ok:
                 out.deadletters.append(
                     dead_letter(
@@ -305,8 +320,11 @@ class CommRouter(StateRunner[str]):
                     )
                 )
                 continue
-            if isinstance(events, EventDecodeError):
-                out.deadletters.append(dead_letter(rec, f"undecodable message: {events}"))
+            if isinstance(events, EventDecodeError) or bad:
+                out.deadletters.append(dead_letter(rec, bad or f"undecodable message: {events}"))
+                continue
+            if bad := signature_refusal(self.trust, rec, (ev.host for ev in events)):
+                out.deadletters.append(dead_letter(rec, bad))
                 continue
             problem = contract_problem(events) or self._admission_problem(rec.partition, events)
             if problem is not None:
