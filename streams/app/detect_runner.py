@@ -126,6 +126,11 @@ def contract_problem(events: Sequence[Event]) -> str | None:
     return None
 
 
+#: Measurement noise allowed between a heartbeat's in-flight time and its stamp (both
+#: from the rank's own host clock).
+_INFLIGHT_SLACK_US = 200_000
+
+
 class _Comm:
     __slots__ = ("detector", "job", "judged_us", "partition")
 
@@ -203,8 +208,8 @@ class CommRouter(StateRunner[str]):
         """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
         self._accepted_at: dict[Lane, float] = {}
         """Lane -> wall time (``clock``) of the last message accepted."""
-        self._progress: dict[str, dict[int, tuple[int, int]]] = {}
-        """Communicator -> rank -> (started, completed) of its newest heartbeat."""
+        self._progress: dict[str, dict[int, tuple[int, int, int]]] = {}
+        """Communicator -> rank -> (started, completed, ts_us) of its newest heartbeat."""
         self._ops: dict[str, dict[tuple[int, str], tuple[int, float]]] = {}
         """Communicator -> (rank, op) -> (seq, exec_us) of its newest completed op."""
         self.contested: dict[str, tuple[int, str]] = {}
@@ -446,23 +451,45 @@ class CommRouter(StateRunner[str]):
         grow, so a heartbeat that goes back means two sources report for one rank (a
         forger and the real exporter). A forged hang must contradict someone: the
         accused's own heartbeats (it is alive and advancing) or its peers' (they are not
-        as far ahead as claimed). Such a communicator's verdicts stay alert-only."""
+        as far ahead as claimed). Such a communicator's verdicts stay alert-only.
+
+        Two more rules of the same physics (one rank, one clock): counters grow with
+        ``ts_us`` too (a heartbeat stamped later may not say less), and a rank cannot have
+        sat in collective N for longer than since it last reported not having started N
+        (a forged "waiting 30 s" copy of a peer's heartbeat, one collective ahead, kept
+        its counters plausible and got a healthy host cordoned)."""
         ranks = self._progress.setdefault(ev.comm, {})
         last = ranks.get(ev.rank)
+        if last is None:
+            ranks[ev.rank] = (ev.started, ev.completed, ev.ts_us)
+            return
+        started, completed, ts = last
         ranks[ev.rank] = (
-            (max(ev.started, last[0]), max(ev.completed, last[1]))
-            if last
-            else (
-                ev.started,
-                ev.completed,
-            )
-        )
-        if last is not None and (ev.started < last[0] or ev.completed < last[1]):
+            max(ev.started, started), max(ev.completed, completed), max(ev.ts_us, ts)
+        )  # fmt: skip
+        if ev.started < started or ev.completed < completed:
             why = (
-                f"rank {ev.rank}'s heartbeat went back from started {last[0]}/completed "
-                f"{last[1]} to {ev.started}/{ev.completed}: two sources report for it"
+                f"rank {ev.rank}'s heartbeat went back from started {started}/completed "
+                f"{completed} to {ev.started}/{ev.completed}: two sources report for it"
             )
-            self._contest(ev.comm, ev.ts_us, why)
+        elif ev.ts_us < ts and (ev.started > started or ev.completed > completed):
+            why = (
+                f"rank {ev.rank}'s heartbeat at {ev.ts_us} says started {ev.started}, one "
+                f"stamped later ({ts}) said {started}: two sources report for it"
+            )
+        elif (
+            ev.started > started
+            and ev.inflight_us is not None
+            and ev.inflight_us > ev.ts_us - ts + _INFLIGHT_SLACK_US
+        ):
+            why = (
+                f"rank {ev.rank} says it has been in collective {ev.started} for "
+                f"{ev.inflight_us / 1e6:.1f} s, but {(ev.ts_us - ts) / 1e6:.1f} s before it "
+                f"had started only {started}: two sources report for it"
+            )
+        else:
+            return
+        self._contest(ev.comm, ev.ts_us, why)
 
     def _check_op(self, ev: OpEvent) -> None:
         """The same for completed ops: per rank and op, ``seq`` only grows, and one
