@@ -147,7 +147,7 @@ def exporter(
     Console(stderr=True).print(
         f"exporter stopped: {stats.lines} lines, {stats.events} events, "
         f"{stats.delivered}/{stats.messages} messages acknowledged, "
-        f"{stats.deadletters} dead letters"
+        f"{stats.deadletters} dead letters ({stats.refused} records refused at the edge)"
     )
 
 

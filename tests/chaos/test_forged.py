@@ -32,6 +32,9 @@ from producers.simulator import simulate
 from sinks.actuator.config import ActuatorConfig
 from sinks.actuator.consumer import run
 from sinks.actuator.ledger import Ledger
+from streams.app.deadletter import Record
+from streams.app.detect_runner import CommRouter
+from streams.app.engine import CoreEngine
 from streams.commands import IsolationCommand, encode_command
 from streams.worker import start_worker_process
 from tests.chaos.harness import (
@@ -204,16 +207,18 @@ def interleave(good: list[list[Event]], forged: list[list[Event]]) -> list[list[
 
 
 def sign_per_host(batches: list[list[Event]], master: bytes, forged: set[int]):
-    """Messages as signing exporters send them (one per host per batch); batches whose
-    index is in ``forged`` alternate between unsigned and signed by node-003's own key
-    (a compromised host speaking for its peers)."""
+    """Messages as signing exporters send them (one per host per batch); the batches
+    whose index is in ``forged`` go out alternately unsigned and signed by node-003's own
+    key (a compromised host: it may speak for itself, not for its peers)."""
     msgs: list[tuple[bytes | None, bytes, list[tuple[str, bytes]] | None]] = []
     for i, b in enumerate(batches):
         if i in forged:
             value = encode_message(b)
-            k = len(msgs) % 2
+            own = sum(1 for j in forged if j < i) % 2
             hs = (
-                signed_event_headers(host_key(master, "node-003"), "node-003", value) if k else None
+                signed_event_headers(host_key(master, "node-003"), "node-003", value)
+                if own
+                else None
             )
             msgs.append((b[0].comm.encode(), value, hs))
             continue
@@ -274,16 +279,23 @@ def test_forged_hang_with_signing_is_dead_lettered(kafka_bootstrap: str, tmp_pat
     master = load_key(master_file)
     good = [b for b in simulate(msgspec.structs.replace(SIM, faults=[])) if b]
     mixed = interleave(good, forged_waiting(good, VICTIM, 8_000_000))
-    forged_at = {i for i, b in enumerate(mixed) if any(
-        isinstance(e, ProgressEvent) and e.inflight_us == 30e6 for e in b)}  # fmt: skip
-    msgs = sign_per_host(mixed, master, forged_at)
+    forged_at = sorted(i for i, b in enumerate(mixed) if any(
+        isinstance(e, ProgressEvent) and e.inflight_us == 30e6 for e in b))  # fmt: skip
+    msgs = sign_per_host(mixed, master, set(forged_at))
+    # node-003 may sign what it says of itself: those pass the signature check (and
+    # meet the corroboration rules); every other forged message must be refused.
+    own = [
+        i for k, i in enumerate(forged_at) if k % 2 and {e.host for e in mixed[i]} == {"node-003"}
+    ]
+    self_only = len(own)
     cfg = worker_config(
         kafka_bootstrap, tmp_path / "w", require_signed_events=True,
         master_key_files=(str(master_file),),
     )  # fmt: skip
     st = run_worker(cfg, msgs, wait_messages=len(msgs))
     cmds = commands(kafka_bootstrap, cfg.topics().isolations, timeout=3)
-    dls = deadletters(kafka_bootstrap, cfg.topics().deadletter, want=len(forged_at), timeout=10)
+    want = len(forged_at) - self_only
+    dls = deadletters(kafka_bootstrap, cfg.topics().deadletter, want=want, timeout=30)
     iso = [c for c in cmds if c.action != "alert_only"]
     unsigned = sum(d.reason.startswith("refused: unsigned message") for d in dls)
     other = sum(" in a message signed by node-003" in d.reason for d in dls)
@@ -294,13 +306,15 @@ def test_forged_hang_with_signing_is_dead_lettered(kafka_bootstrap: str, tmp_pat
             deadlettered=len(dls),
             false_isolations=len(iso),
             found="0/0",
-            notes=f"{len(forged_at)} forged messages: {unsigned} unsigned, {other} signed by "
-            "node-003 for its peers; every real message accepted",
+            notes=f"{len(forged_at)} forged messages: {unsigned} unsigned and {other} signed "
+            f"by node-003 for its peers refused; {self_only} signed by node-003 about "
+            f"itself accepted ({st['contested_comms']} communicators contested)",
         )
     )
-    assert len(dls) == len(forged_at) == unsigned + other and unsigned and other
-    assert st["detect"]["events"] == sum(map(len, good))  # all the real traffic was judged
-    assert iso == [] and cmds == []
+    assert len(dls) == st["deadletters_sent"] == want == unsigned + other and unsigned and other
+    real = sum(map(len, good))
+    assert st["detect"]["events"] == real + sum(len(mixed[i]) for i in own)  # all real judged
+    assert iso == []
 
 
 @pytest.mark.timeout(120)
@@ -339,3 +353,49 @@ def test_forged_commands_act_on_nothing_when_commands_are_signed(
     )
     assert backend.applied == [] and stats.refused == len(msgs) == len(dls)
     assert all(d.reason.startswith("refused isolation command: ") for d in dls)
+
+
+def hb(rank: int, started: int, completed: int, ts: int, inflight_us: float | None = None):
+    return ProgressEvent(
+        v=1, job="j", comm="0xa", nranks=4, rank=rank, host=f"node-{rank}", ts_us=ts,
+        started=started, completed=completed,
+        inflight_op="AllReduce" if inflight_us is not None else None, inflight_us=inflight_us,
+    )  # fmt: skip
+
+
+T0 = 1_750_000_000_000_000
+
+
+def router() -> CommRouter:
+    return CommRouter(CoreEngine(), lambda key: None, checkpoint_every_events=10**9,
+                      checkpoint_every_s=1e9, advance_every_us=250_000,
+                      epoch=lambda: T0 / 1e6 + 60)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("second", "contested"),
+    [
+        (hb(0, 6, 5, T0 + 1_000_000, inflight_us=400_000), False),  # started 0.4 s ago: fine
+        (hb(0, 6, 5, T0 + 1_000, inflight_us=30e6), True),  # "30 s" but 1 ms ago it had not
+        (hb(0, 6, 5, T0 + 1_000_000, inflight_us=1.3e6), True),  # 1.3 s > 1 s + slack
+        (hb(0, 5, 5, T0 + 1_000_000, inflight_us=30e6), False),  # same op: a real hang
+        (hb(0, 4, 4, T0 + 1_000_000), True),  # counters went back
+    ],
+)
+def test_a_heartbeat_must_fit_its_ranks_previous_one(
+    second: ProgressEvent, contested: bool
+) -> None:
+    r = router()
+    first = hb(0, 5, 5, T0)
+    r.process(
+        [Record("ev", 0, i, b"0xa", encode_message([e])) for i, e in enumerate([first, second])]
+    )
+    assert ("0xa" in r.contested) is contested
+
+
+def test_a_heartbeat_stamped_earlier_may_not_say_more() -> None:
+    r = router()
+    # A forger stamps its copy 2 s ahead; the real heartbeat, stamped earlier, says more.
+    evs = [hb(0, 5, 5, T0), hb(0, 6, 5, T0 + 2_000_000), hb(0, 8, 8, T0 + 1_000_000)]
+    r.process([Record("ev", 0, i, b"0xa", encode_message([e])) for i, e in enumerate(evs)])
+    assert "one stamped later" in r.contested["0xa"][1]
