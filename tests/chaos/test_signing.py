@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from c4base.kafka import KafkaConfig
 from c4base.signing import (
     HOST_HEADER,
     SIG_HEADER,
@@ -27,10 +28,13 @@ from c4base.signing import (
 )
 from producers.columnar import encode_batch
 from producers.events import OpEvent, encode_message
+from producers.replay import ReplayConfig, replay
+from producers.traces import TraceWriter
 from streams.app.deadletter import Record
 from streams.app.detect_runner import CommRouter
 from streams.app.engine import CoreEngine
 from streams.app.trust import EventTrust
+from tests.kafka_helpers import consume
 
 MASTER = bytes(range(32))
 T0 = 1_750_000_000_000_000
@@ -208,3 +212,27 @@ def test_a_key_never_appears_in_an_error(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError) as err:
         load_key(p)
     assert secret not in str(err.value)
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(90)
+def test_replay_signs_each_hosts_events_with_its_key(
+    tmp_path: Path, kafka_bootstrap: str, make_topics
+) -> None:
+    topics = make_topics({"events": 1, "deadletter": 1})
+    trace = tmp_path / "t.jsonl"
+    with TraceWriter(trace) as w:
+        for seq in range(3):  # one line = one message of four hosts
+            w.write([ev(f"node-{r}", rank=r, seq=seq + 1, ts_us=T0 + seq) for r in range(4)])
+    master_file = generate_key_file(tmp_path / "master.key")
+    cfg = ReplayConfig(
+        kafka=KafkaConfig(bootstrap=kafka_bootstrap), events_topic=topics["events"],
+        deadletter_topic=topics["deadletter"], speed=None, progress=False, sign_with=master_file,
+    )  # fmt: skip
+    stats = replay([trace], cfg)
+    assert stats.ok and (stats.messages, stats.events) == (12, 12)
+    r = router([load_key(master_file)])
+    got = consume(kafka_bootstrap, topics["events"], expect=12)
+    recs = [rec(m.value(), m.headers(), i) for i, m in enumerate(got)]
+    assert {x.signer for x in recs} == {b"node-0", b"node-1", b"node-2", b"node-3"}
+    assert reasons(r, *recs) == [] and r.stats.events == 12
