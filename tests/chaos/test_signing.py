@@ -26,6 +26,8 @@ from c4base.signing import (
     signed_event_headers,
     write_key_file,
 )
+from c4stream.config import check_config
+from c4stream.config_warnings import config_warnings
 from producers.columnar import encode_batch
 from producers.events import OpEvent, encode_message
 from producers.replay import ReplayConfig, replay
@@ -236,3 +238,24 @@ def test_replay_signs_each_hosts_events_with_its_key(
     recs = [rec(m.value(), m.headers(), i) for i, m in enumerate(got)]
     assert {x.signer for x in recs} == {b"node-0", b"node-1", b"node-2", b"node-3"}
     assert reasons(r, *recs) == [] and r.stats.events == 12
+
+
+def test_config_check_names_what_is_wrong_with_signing(tmp_path: Path) -> None:
+    key = generate_key_file(tmp_path / "m.key")
+    loose = write_key_file(tmp_path / "loose.key", bytes(32))
+    loose.chmod(0o644)
+    text = (
+        "[worker]\nrequire_signed_events = true\n"
+        f'[exporter]\ndirectory = "{tmp_path}"\nsigning_key_file = "{key}"\n'
+        f'[actuator]\nrequire_signed_commands = true\ncommand_key_files = ["{loose}"]\n'
+    )
+    got = {r.section: r.message for r in check_config(text=text, env={}) if not r.ok}
+    assert "require_signed_events = true needs master_key_files" in got["worker"]
+    assert "signing_key_file needs host" in got["exporter"]
+    assert "readable or writable by others (mode 644)" in got["actuator"]
+    ok = f'[actuator]\nrequire_signed_commands = true\ncommand_key_files = ["{key}"]\n'
+    assert all(r.ok for r in check_config(text=ok, env={}))
+    (warning,) = config_warnings(text=ok, env={})
+    assert "the worker signs no command" in warning.message
+    ok += f'[worker]\nmaster_key_files = ["{key}"]\n'
+    assert config_warnings(text=ok, env={}) == []
