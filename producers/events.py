@@ -154,6 +154,7 @@ def edge_problem(
     max_nranks: int = MAX_NRANKS,
     max_future_skew_us: int = MAX_FUTURE_SKEW_US,
     max_past_skew_us: int = 0,
+    encoded: bytes | None = None,
 ) -> str | None:
     """Why an event built from a local record (not decoded from the wire, so msgspec
     has not checked it) may not be published, or None.
@@ -163,6 +164,7 @@ def edge_problem(
     decoder, so there is one definition), ``nranks`` at most ``max_nranks``, ``rank``
     and every ``peer`` below ``nranks``, ``ts_us`` at most ``max_future_skew_us`` ahead
     of ``now_us`` and, when ``max_past_skew_us`` > 0, at most that far behind.
+    ``encoded``: the event's JSON when the caller has it already (saves an encode).
 
     >>> ev = OpEvent(v=1, job="j", comm="0xa", nranks=2, rank=0, host="h", ts_us=10,
     ...              op="AllReduce", seq=1, bytes=8, exec_us=1.0)
@@ -176,7 +178,7 @@ def edge_problem(
     'ts_us 10 is 20s behind the wall clock (allowed: 5s)'
     """
     try:
-        _decoder.decode(_encoder.encode(ev))
+        _decoder.decode(encoded if encoded is not None else _encoder.encode(ev))
     except msgspec.DecodeError as err:
         return f"breaks the contract: {err}"
     except Exception as err:  # e.g. an int too large to encode

@@ -235,7 +235,8 @@ class Exporter:
         except InspectorError as err:
             self._dead_letter(line, str(err))
             return
-        refused = self._refusal(ev)
+        part = None if self._arrow else _encode_event(ev)
+        refused = self._refusal(ev, part)
         if refused is not None:
             self.stats.refused += 1
             self._dead_letter(line, refused)
@@ -248,7 +249,7 @@ class Exporter:
             # an estimate, on the high side, of the row's size in the IPC batch
             unit.nbytes += _ARROW_ROW_BYTES + _ARROW_CONN_BYTES * len(ev.conns or ())
         else:
-            part = _encode_event(ev)
+            assert part is not None
             unit.parts.append(part)
             unit.nbytes += len(part) + 1
         unit.cover(line)
@@ -261,7 +262,7 @@ class Exporter:
             del self._batches[ev.comm]
             self._send_batch(unit)
 
-    def _refusal(self, ev: Event) -> str | None:
+    def _refusal(self, ev: Event, encoded: bytes | None) -> str | None:
         """Why a parsed record may not be published (the worker's edge limits, and
         another host's events), or None; logged once per kind of reason."""
         cfg = self.config
@@ -274,6 +275,7 @@ class Exporter:
                 max_nranks=cfg.max_nranks,
                 max_future_skew_us=int(cfg.max_future_skew_s * 1e6),
                 max_past_skew_us=int(cfg.max_past_skew_s * 1e6),
+                encoded=encoded,
             )
             kind = why.split(" ", 1)[0] if why else ""
         if why is None:
