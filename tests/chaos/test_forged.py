@@ -36,16 +36,19 @@ from streams.app.deadletter import Record
 from streams.app.detect_runner import CommRouter
 from streams.app.engine import CoreEngine
 from streams.commands import IsolationCommand, encode_command
+from streams.core.config import PolicyConfig
 from streams.worker import start_worker_process
 from tests.chaos.harness import (
     ROWS,
     SIM,
+    TRUTH,
     Recording,
     Row,
     as_messages,
     commands,
     deadletters,
     produce,
+    trace,
     worker_config,
 )
 
@@ -399,3 +402,38 @@ def test_a_heartbeat_stamped_earlier_may_not_say_more() -> None:
     evs = [hb(0, 5, 5, T0), hb(0, 6, 5, T0 + 2_000_000), hb(0, 8, 8, T0 + 1_000_000)]
     r.process([Record("ev", 0, i, b"0xa", encode_message([e])) for i, e in enumerate(evs)])
     assert "one stamped later" in r.contested["0xa"][1]
+
+
+@pytest.mark.timeout(240)
+def test_signed_end_to_end_the_real_fault_still_acts(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Signing on everywhere: exporters sign, the worker verifies and signs its
+    command, the actuator (which holds only the commands key) checks it and acts."""
+    master_file = generate_key_file(tmp_path / "master.key")
+    master = load_key(master_file)
+    key_file = write_key_file(tmp_path / "commands.key", commands_key(master))
+    msgs = sign_per_host(trace(), master, set())
+    cfg = worker_config(
+        kafka_bootstrap, tmp_path / "w", require_signed_events=True,
+        master_key_files=(str(master_file),), policy=PolicyConfig(dry_run=False),
+    )  # fmt: skip
+    st = run_worker(cfg, msgs, wait_messages=len(msgs))
+    acfg = ActuatorConfig(
+        kafka=cfg.kafka, execute=True, group=f"act-{tmp_path.name}", exit_when_idle_s=3.0,
+        require_signed_commands=True, command_key_files=(str(key_file),),
+    )  # fmt: skip
+    backend = Recording()
+    with Ledger(tmp_path / "ledger.sqlite3") as led:
+        stats = run(acfg, backend, led)
+    ROWS.append(
+        Row(
+            "signing on end to end: rank hang, signed exporters, worker, actuator",
+            sent=len(msgs),
+            deadlettered=st["deadletters_sent"],
+            acted=len(backend.applied),
+            found=f"{int(backend.applied == [TRUTH[0]])}/1",
+            false_isolations=sum(h != TRUTH[0] for h in backend.applied),
+            notes=f"worker-signed commands: {stats.received}, refused: {stats.refused}",
+        )
+    )
+    assert st["deadletters_sent"] == 0 and stats.refused == 0
+    assert backend.applied == [TRUTH[0]]
