@@ -15,7 +15,17 @@ import compose.cli
 import producers.cli
 import sinks.cli
 import streams.cli
+from c4base.cli_options import fail
 from c4base.settings_loader import SettingsError
+from c4base.signing import (
+    KeyFileError,
+    SigningError,
+    commands_key,
+    generate_key_file,
+    host_key,
+    load_key,
+    write_key_file,
+)
 from c4stream.config import check_config
 from c4stream.config_warnings import config_warnings
 from c4stream.demo.run import DemoConfig, run_demo
@@ -67,6 +77,51 @@ def config_check(
     if not all(r.ok for r in reports):
         raise typer.Exit(1)
     console.print(f"{path}: {len(reports)} tables, all valid")
+
+
+keys_app = typer.Typer(
+    help="Keys that sign events and commands (docs/security.md, 'Signed messages')."
+)
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("generate")
+def keys_generate(
+    out: Path = typer.Option(
+        ..., "--out", help="New master key file (mode 0600; never overwritten)."
+    ),
+) -> None:
+    """Write a new random master key (32 bytes, hex). Keep it with the worker only."""
+    try:
+        generate_key_file(out)
+    except KeyFileError as err:
+        fail("keys generate", err, 2)
+    typer.echo(f"wrote master key {out} (mode 0600)", err=True)
+
+
+@keys_app.command("derive")
+def keys_derive(
+    master: Path = typer.Option(..., "--master", help="The master key file."),
+    host: str | None = typer.Option(None, "--host", help="Derive this exporter host's key."),
+    commands: bool = typer.Option(False, "--commands", help="Derive the commands key."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Write the key here (mode 0600); default: print it."
+    ),
+) -> None:
+    """Derive one host's exporter key (--host H) or the actuator's commands key
+    (--commands) from the master key: each host holds only its own key."""
+    if (host is None) == (not commands):
+        fail("keys derive", "give exactly one of --host H or --commands", 2)
+    try:
+        m = load_key(master)
+        key = commands_key(m) if commands else host_key(m, host or "")
+        if out is None:
+            typer.echo(key.hex())
+        else:
+            write_key_file(out, key)
+            typer.echo(f"wrote {'commands' if commands else host} key {out} (mode 0600)", err=True)
+    except SigningError as err:
+        fail("keys derive", err, 2)
 
 
 @config_app.command("example")

@@ -10,6 +10,9 @@ the cross-table cases a user trips over:
   says dry_run").
 - **old alert target name.** ``type = "alertmanager"`` is the webhook *format*; a real
   Alertmanager needs ``type = "alertmanager_api"``.
+- **signed commands nobody signs.** ``[actuator] require_signed_commands`` refuses
+  every command unless the worker signs them, which it does only with
+  ``[worker] master_key_files``.
 - **Events outside "default".** ``kubectl describe node`` shows only Node Events in
   namespace ``default``.
 
@@ -68,6 +71,16 @@ def config_warnings(
                     f"[actuator] execute = true, but [worker.policy] dry_run {where}: the "
                     "worker marks every command dry_run and the actuator only logs it. "
                     "Set [worker.policy] dry_run = false to act (both switches must allow it).",
+                )
+            )
+        worker = doc.get("worker") or {}
+        if act is not None and act.require_signed_commands and not worker.get("master_key_files"):
+            out.append(
+                ConfigWarning(
+                    "actuator",
+                    "[actuator] require_signed_commands = true, but [worker] master_key_files "
+                    "is not set here: the worker signs no command and the actuator refuses "
+                    "them all (docs/security.md section 5).",
                 )
             )
         if act is not None and act.backend == "kubernetes":

@@ -26,6 +26,7 @@ from c4base.config import KAFKA_SECTION, load_section
 from c4base.kafka import KafkaConfig
 from c4base.service import start_service
 from c4base.settings_loader import SettingsError
+from c4base.signing import KeyFileError
 from producers.exporter import ExporterConfig, run_exporter
 from producers.exporter.core import EXPORTER_SECTION
 from producers.replay import ReplayConfig, parse_speed
@@ -114,6 +115,19 @@ def exporter(
         typer.Option("--format", help=_FORMAT_HELP, callback=_check_format),
         Key("format"),
     ] = "json",
+    host: Annotated[
+        str | None,
+        typer.Option("--host", help="this host: other hosts' events are refused ([exporter] host)"),
+        Key("host"),
+    ] = None,
+    signing_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--signing-key-file",
+            help="this host's key (c4stream keys derive): sign every message",
+        ),
+        Key("signing_key_file"),
+    ] = None,
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = None,
     log_level: LogLevel = None,
@@ -133,7 +147,7 @@ def exporter(
     Console(stderr=True).print(
         f"exporter stopped: {stats.lines} lines, {stats.events} events, "
         f"{stats.delivered}/{stats.messages} messages acknowledged, "
-        f"{stats.deadletters} dead letters"
+        f"{stats.deadletters} dead letters ({stats.refused} records refused at the edge)"
     )
 
 
@@ -166,6 +180,14 @@ def replay(
     wire_format: Annotated[
         str, typer.Option("--format", help=_FORMAT_HELP, callback=_check_format)
     ] = "json",
+    sign_with: Annotated[
+        Path | None,
+        typer.Option(
+            "--sign-with",
+            help="master key file: sign each host's events with its derived key "
+            "(for a worker with require_signed_events; docs/security.md)",
+        ),
+    ] = None,
 ) -> None:
     """Publish a recorded trace to Kafka at its recorded pace scaled by --speed."""
     console = Console(stderr=True)
@@ -186,10 +208,11 @@ def replay(
         job=job,
         progress=progress,
         format=wire_format,
+        sign_with=sign_with,
     )
     try:
         stats = run_replay(traces, cfg)
-    except SourceError as err:
+    except (SourceError, KeyFileError) as err:
         fail("replay", err, 2)
     rate = stats.events / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
     console.print(

@@ -24,7 +24,15 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES, BoundsError, Host, check_bounds
+from producers.guard import (
+    MAX_DEPTH,
+    MAX_FUTURE_SKEW_US,
+    MAX_MESSAGE_BYTES,
+    MAX_NRANKS,
+    BoundsError,
+    Host,
+    check_bounds,
+)
 
 __all__ = [
     "Conn",
@@ -33,6 +41,7 @@ __all__ = [
     "OpEvent",
     "ProgressEvent",
     "decode_message",
+    "edge_problem",
     "encode_message",
 ]
 
@@ -136,3 +145,59 @@ def decode_message(
 def encode_message(events: Event | list[Event]) -> bytes:
     """Encode one event, or a batch of events as a JSON array."""
     return _encoder.encode(events)
+
+
+def edge_problem(
+    ev: Event,
+    *,
+    now_us: int,
+    max_nranks: int = MAX_NRANKS,
+    max_future_skew_us: int = MAX_FUTURE_SKEW_US,
+    max_past_skew_us: int = 0,
+    encoded: bytes | None = None,
+) -> str | None:
+    """Why an event built from a local record (not decoded from the wire, so msgspec
+    has not checked it) may not be published, or None.
+
+    The same limits as the worker's edge: the contract's own bounds (finite
+    non-negative numbers, RFC 1123 host, lengths: checked by a round trip through the
+    decoder, so there is one definition), ``nranks`` at most ``max_nranks``, ``rank``
+    and every ``peer`` below ``nranks``, ``ts_us`` at most ``max_future_skew_us`` ahead
+    of ``now_us`` and, when ``max_past_skew_us`` > 0, at most that far behind.
+    ``encoded``: the event's JSON when the caller has it already (saves an encode).
+
+    >>> ev = OpEvent(v=1, job="j", comm="0xa", nranks=2, rank=0, host="h", ts_us=10,
+    ...              op="AllReduce", seq=1, bytes=8, exec_us=1.0)
+    >>> edge_problem(ev, now_us=10) is None
+    True
+    >>> edge_problem(msgspec.structs.replace(ev, exec_us=float("nan")), now_us=10)
+    'breaks the contract: Expected `float`, got `null` - at `$.exec_us`'
+    >>> edge_problem(msgspec.structs.replace(ev, rank=2), now_us=10)
+    'rank 2 is not below nranks 2'
+    >>> edge_problem(ev, now_us=20_000_010, max_past_skew_us=5_000_000)
+    'ts_us 10 is 20s behind the wall clock (allowed: 5s)'
+    """
+    try:
+        _decoder.decode(encoded if encoded is not None else _encoder.encode(ev))
+    except msgspec.DecodeError as err:
+        return f"breaks the contract: {err}"
+    except Exception as err:  # e.g. an int too large to encode
+        return f"breaks the contract: {type(err).__name__}: {err}"
+    if ev.nranks > max_nranks:
+        return f"nranks {ev.nranks} is over the limit of {max_nranks}"
+    if ev.rank >= ev.nranks:
+        return f"rank {ev.rank} is not below nranks {ev.nranks}"
+    for c in ev.conns or ():
+        if c.peer >= ev.nranks:
+            return f"peer {c.peer} is not below nranks {ev.nranks}"
+    if ev.ts_us > now_us + max_future_skew_us:
+        return (
+            f"ts_us {ev.ts_us} is {(ev.ts_us - now_us) / 1e6:.0f}s ahead of the wall clock "
+            f"(allowed: {max_future_skew_us / 1e6:.0f}s)"
+        )
+    if max_past_skew_us > 0 and ev.ts_us < now_us - max_past_skew_us:
+        return (
+            f"ts_us {ev.ts_us} is {(now_us - ev.ts_us) / 1e6:.0f}s behind the wall clock "
+            f"(allowed: {max_past_skew_us / 1e6:.0f}s)"
+        )
+    return None

@@ -30,7 +30,10 @@ __all__ = [
     "HOST_PATTERN",
     "HOST_RE",
     "MAX_DEPTH",
+    "MAX_FUTURE_SKEW_US",
     "MAX_MESSAGE_BYTES",
+    "MAX_NRANKS",
+    "MAX_PAST_SKEW_US",
     "BoundsError",
     "Host",
     "check_bounds",
@@ -43,6 +46,17 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 #: The contracts nest at most 5 levels (array > event > conns > conn; a command's
 #: evidence a few more); 32 leaves room and stays far below Python's recursion limit.
 MAX_DEPTH = 32
+
+# Edge limits on events, shared by the exporter (before publishing) and the worker
+# (before feeding a detector): one definition, so both edges refuse the same records.
+#: Largest communicator accepted (the core sizes its arrays by ``nranks``: one event
+#: with ``nranks = 2^31`` once grew the worker to 21 GB).
+MAX_NRANKS = 65_536
+#: How far ahead of the wall clock (and of its job's clock) an event's ``ts_us`` may be.
+MAX_FUTURE_SKEW_US = 600_000_000
+#: How far behind its job's clock an event may be (the worker; the exporter's own
+#: past bound is off by default: it may catch up on an old dump).
+MAX_PAST_SKEW_US = 3_600_000_000
 
 #: RFC 1123 host name: dot-separated labels of letters, digits and inner hyphens,
 #: 1-63 characters each, 253 in all. Nothing that a shell, kubectl or a glob would

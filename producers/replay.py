@@ -32,6 +32,7 @@ from confluent_kafka import KafkaError, Message
 
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
+from c4base.signing import host_key, load_key, signed_event_headers
 from c4base.topics import Topics
 from producers.columnar import WireFormat, encode_batch
 from producers.events import Event
@@ -82,6 +83,9 @@ class ReplayConfig:
     flush_timeout_s: float = 60.0
     format: WireFormat = "json"
     """Wire form of the messages: ``json`` arrays or ``arrow`` IPC record batches."""
+    sign_with: Path | None = None
+    """The operator's master key file: each message is split per host and signed with
+    that host's derived key, as the host's own exporter would (docs/security.md)."""
 
     def __post_init__(self) -> None:
         # Frozen: resolve the defaults once, so every reader sees the prefixed names.
@@ -193,10 +197,20 @@ def replay(
 
     fmt = config.format
     encode_batch([], fmt)  # an unknown format fails here, before anything is sent
+    master = load_key(config.sign_with) if config.sign_with is not None else None
 
     def send_events(events: list[Event], comm: str) -> None:
-        value, headers = encode_batch(events, fmt)
-        send(value, comm, len(events), min(e.ts_us for e in events), headers)
+        if master is None:
+            value, headers = encode_batch(events, fmt)
+            send(value, comm, len(events), min(e.ts_us for e in events), headers)
+            return
+        by_host: dict[str, list[Event]] = {}  # a signed message speaks for one host
+        for ev in events:
+            by_host.setdefault(ev.host, []).append(ev)
+        for host, evs in by_host.items():
+            value, headers = encode_batch(evs, fmt)
+            headers = signed_event_headers(host_key(master, host), host, value, headers)
+            send(value, comm, len(evs), min(e.ts_us for e in evs), headers)
 
     def flush_groups() -> None:
         for comm, events in groups.items():
@@ -211,7 +225,7 @@ def replay(
                 on_bad(bad_seen.pop(0))
             if not batch.events:
                 continue
-            if batch.raw is not None and fmt == "json":  # a contract line, as it was recorded
+            if batch.raw is not None and fmt == "json" and master is None:  # as recorded
                 send(batch.raw, batch.events[0].comm, len(batch.events), batch.ts_us)
                 continue
             if batch.raw is not None:  # a contract line as Arrow: one batch per communicator

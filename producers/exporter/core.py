@@ -35,9 +35,10 @@ from c4base.consumer_lag import observe_latency
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
 from c4base.metrics import MetricsLike, NullMetrics
+from c4base.signing import load_key, signed_event_headers
 from c4base.topics import Topics
 from producers.columnar import WireFormat, encode_batch
-from producers.events import Event, encode_message
+from producers.events import Event, edge_problem, encode_message
 from producers.exporter.positions import FilePosition, PositionStore
 from producers.exporter.publisher import Publisher, PublisherConfig, PublisherStopped
 from producers.exporter.tail import DirectoryTailer, Line, ReadPosition
@@ -47,6 +48,7 @@ from producers.formats.inspector import (
     inspector_job_from_dir,
     parse_inspector_line,
 )
+from producers.guard import MAX_FUTURE_SKEW_US, MAX_NRANKS, host_problem
 
 __all__ = ["Exporter", "ExporterConfig", "ExporterStats"]
 
@@ -84,9 +86,32 @@ class ExporterConfig:
     format: WireFormat = "json"
     """Wire form of a batch: a JSON array, or ``arrow`` (an Arrow IPC record batch marked
     by the ``content-type`` header; see :mod:`producers.columnar`)."""
+    host: str | None = None
+    """This exporter's host: events reporting another host are refused (counted, logged,
+    dead-lettered, never published). None: not checked (signing needs it)."""
+    signing_key_file: Path | None = None
+    """This host's key (``c4stream keys derive --host H``): every message is signed
+    (headers ``c4-host``, ``c4-sig``; docs/security.md). None: unsigned."""
+    max_nranks: int = MAX_NRANKS
+    max_future_skew_s: float = MAX_FUTURE_SKEW_US / 1e6
+    """Records whose ``ts_us`` is further ahead of this host's wall clock are refused."""
+    max_past_skew_s: float = 0.0
+    """...or further behind it (0: no bound; a restarted exporter may catch up on an
+    old dump, and the worker judges lateness by the job's own clock)."""
 
     def __post_init__(self) -> None:
         encode_batch([], self.format)  # an unknown format is a config error, said at once
+        if self.host is not None and (bad := host_problem(self.host)) is not None:
+            raise ValueError(f"host: {bad}")
+        if self.signing_key_file is not None:
+            if self.host is None:
+                raise ValueError(
+                    "signing_key_file needs host: the host whose key it is (the exporter "
+                    "signs only its own host's events)"
+                )
+            load_key(self.signing_key_file)  # missing, short, readable by others: say so now
+        if self.max_nranks < 1 or self.max_future_skew_s < 0 or self.max_past_skew_s < 0:
+            raise ValueError("max_nranks must be >= 1 and the skews >= 0")
         # Frozen: resolve the defaults once, so every reader sees the prefixed names.
         topics = Topics(prefix=self.kafka.topic_prefix)
         object.__setattr__(self, "events_topic", self.events_topic or topics.events)
@@ -100,6 +125,8 @@ class ExporterStats:
     messages: int = 0
     delivered: int = 0
     deadletters: int = 0
+    refused: int = 0
+    """Parsed records refused at the edge (bounds, another host's events): dead-lettered."""
     delivery_errors: int = 0
     positions_saved: int = 0
 
@@ -166,6 +193,8 @@ class Exporter:
         self._last_publish = clock()
         self._stopping = False
         self._arrow = config.format == "arrow"
+        self._key = load_key(config.signing_key_file) if config.signing_key_file else None
+        self._warned: set[str] = set()
         self.stats = ExporterStats()
 
     # ------------------------------------------------------------------ steps
@@ -204,20 +233,13 @@ class Exporter:
         except InspectorStatsRecord:
             return  # per-dump statistics (format v4.2): no event, and nothing lost
         except InspectorError as err:
-            unit = _Unit(
-                self.config.deadletter_topic,
-                line.path.encode(),
-                DeadLetter.of(
-                    line.raw,
-                    reason=str(err),
-                    stage="exporter",
-                    source=f"{line.path}:{line.lineno}",
-                    key=line.path,
-                ).encode(),
-            )
-            unit.cover(line)
-            self.stats.deadletters += 1
-            self._send(unit)
+            self._dead_letter(line, str(err))
+            return
+        part = None if self._arrow else _encode_event(ev)
+        refused = self._refusal(ev, part)
+        if refused is not None:
+            self.stats.refused += 1
+            self._dead_letter(line, refused)
             return
         unit = self._batches.get(ev.comm)
         if unit is None:
@@ -227,7 +249,7 @@ class Exporter:
             # an estimate, on the high side, of the row's size in the IPC batch
             unit.nbytes += _ARROW_ROW_BYTES + _ARROW_CONN_BYTES * len(ev.conns or ())
         else:
-            part = _encode_event(ev)
+            assert part is not None
             unit.parts.append(part)
             unit.nbytes += len(part) + 1
         unit.cover(line)
@@ -240,6 +262,45 @@ class Exporter:
             del self._batches[ev.comm]
             self._send_batch(unit)
 
+    def _refusal(self, ev: Event, encoded: bytes | None) -> str | None:
+        """Why a parsed record may not be published (the worker's edge limits, and
+        another host's events), or None; logged once per kind of reason."""
+        cfg = self.config
+        if cfg.host is not None and ev.host != cfg.host:
+            why, kind = f"event of host {ev.host!r}, this exporter is {cfg.host!r}", "host"
+        else:
+            why = edge_problem(
+                ev,
+                now_us=time.time_ns() // 1000,
+                max_nranks=cfg.max_nranks,
+                max_future_skew_us=int(cfg.max_future_skew_s * 1e6),
+                max_past_skew_us=int(cfg.max_past_skew_s * 1e6),
+                encoded=encoded,
+            )
+            kind = why.split(" ", 1)[0] if why else ""
+        if why is None:
+            return None
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("refused a record (dead-lettered, not published; logged once): %s", why)
+        return f"refused at the exporter: {why}"
+
+    def _dead_letter(self, line: Line, reason: str) -> None:
+        unit = _Unit(
+            self.config.deadletter_topic,
+            line.path.encode(),
+            DeadLetter.of(
+                line.raw,
+                reason=reason,
+                stage="exporter",
+                source=f"{line.path}:{line.lineno}",
+                key=line.path,
+            ).encode(),
+        )
+        unit.cover(line)
+        self.stats.deadletters += 1
+        self._send(unit)
+
     def _send_batch(self, unit: _Unit) -> None:
         if self._arrow:
             unit.value, unit.headers = encode_batch(unit.events, "arrow")
@@ -247,6 +308,10 @@ class Exporter:
         else:
             unit.value = b"[" + b",".join(unit.parts) + b"]"  # what encode_message(events) gives
         unit.parts = []  # the message bytes are what is kept for a resend
+        if self._key is not None and self.config.host is not None:
+            unit.headers = signed_event_headers(
+                self._key, self.config.host, unit.value, unit.headers
+            )
         self._send(unit)
 
     def _send(self, unit: _Unit) -> None:

@@ -22,6 +22,7 @@ import msgspec
 
 from c4base.config import Section
 from c4base.kafka import KafkaConfig
+from c4base.signing import load_keys
 from c4base.topics import Topics
 from streams.commands import Fault
 
@@ -191,12 +192,24 @@ class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Where outcomes are published (the alerter shows them); None: ``c4.actions``."""
     publish_outcomes: bool = True
     """Publish one record per handled command to the actions topic."""
+    require_signed_commands: bool = False
+    """Act only on commands signed by the worker (header ``c4-sig`` under the commands
+    key, docs/security.md); others are refused: dead-lettered, reported ``denied``."""
+    command_key_files: tuple[str, ...] = ()
+    """The commands key file(s) (``c4stream keys derive --commands``); several during a
+    rotation. The actuator never needs the master key."""
     kubernetes: KubernetesSettings = msgspec.field(default_factory=KubernetesSettings)
     command: CommandSettings = msgspec.field(default_factory=CommandSettings)
     slurm: SlurmSettings = msgspec.field(default_factory=SlurmSettings)
     restart: RestartSettings = msgspec.field(default_factory=RestartSettings)
 
     def __post_init__(self) -> None:
+        if self.require_signed_commands and not self.command_key_files:
+            raise ValueError(
+                "require_signed_commands = true needs command_key_files "
+                "(c4stream keys derive --commands, docs/security.md)"
+            )
+        load_keys(self.command_key_files)  # missing, short, readable by others: say so now
         if self.node_regex is not None:
             try:
                 re.compile(self.node_regex)

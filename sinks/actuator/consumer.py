@@ -46,6 +46,7 @@ from c4base.runtime import (
     TransientError,
     kafka_logger,
 )
+from c4base.signing import SIG_HEADER, command_refusal, header, load_keys
 from sinks.actuator.backends import (
     ActuatorConfigError,
     ActuatorError,
@@ -119,6 +120,8 @@ class RunStats:
 
     received: int = 0
     invalid: int = 0
+    refused: int = 0
+    """Unsigned or forged commands (``require_signed_commands``): never acted on."""
     by_decision: dict[str, int] = field(default_factory=dict)
     failed: int = 0
 
@@ -130,6 +133,7 @@ class RunStats:
 
     def __str__(self) -> str:
         parts = [f"received {self.received}", f"invalid {self.invalid}"]
+        parts += [f"refused {self.refused}"] if self.refused else []
         parts += [f"{k} {v}" for k, v in sorted(self.by_decision.items())]
         return ", ".join(parts)
 
@@ -256,9 +260,15 @@ class ActuatorHandler(BaseHandler):
         self.stats = stats
         self.metrics = metrics
         self.outcomes = outcomes
+        cfg = actuator.cfg
+        self._keys = load_keys(cfg.command_key_files) if cfg.require_signed_commands else None
 
     def handle(self, rec: Record, ctx: Context) -> None:
         self.stats.received += 1
+        if self._keys is not None:
+            why = command_refusal(self._keys, rec.value, header(rec.headers, SIG_HEADER))
+            if why is not None:
+                self._refuse(rec, why)
         try:
             cmd = decode_command(rec.value)
         except CommandDecodeError as err:
@@ -275,6 +285,21 @@ class ActuatorHandler(BaseHandler):
             self.outcomes.publish(report_for(cmd, handled))  # best effort: the ledger has it
         if handled.deadletter_reason is not None:
             raise PermanentError(handled.deadletter_reason)
+
+    def _refuse(self, rec: Record, why: str) -> None:
+        """Never act on it: dead letter, and a ``denied`` report when it decodes."""
+        self.stats.refused += 1
+        self.metrics.actions.labels(stage=STAGE, outcome="denied").inc()
+        log.error("REFUSED %s: %s (dead-lettered, not acted on)", rec.source, why)
+        if self.outcomes is not None:
+            try:
+                cmd = decode_command(rec.value)
+            except CommandDecodeError:
+                pass  # nothing to report it under: the dead letter says it
+            else:
+                h = Handled("denied", "skipped", f"refused: {why}", node=cmd.host)
+                self.outcomes.publish(report_for(cmd, h))
+        raise PermanentError(f"refused isolation command: {why}")
 
     def status(self) -> dict[str, Any]:
         return {"actuator": str(self.stats)}

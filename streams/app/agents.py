@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from c4base.metrics import MetricsLike, NullMetrics
+from c4base.signing import load_keys
 from streams.app.checkpoint import TableCheckpoints
 from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
@@ -33,6 +34,7 @@ from streams.app.engine import Engine
 from streams.app.faust_adapter import ConsumerView
 from streams.app.runner import Output
 from streams.app.settings import COMM_TABLE, CORRELATOR_TABLE, WorkerConfig
+from streams.app.trust import CommandSigner, EventTrust
 from streams.app.watermark import WatermarkSender
 from streams.commands import encode_command
 from streams.verdicts import encode_verdict
@@ -131,6 +133,8 @@ def register_agents(
         )
 
     chunk = config.max_checkpoint_chunk_bytes
+    masters = load_keys(config.master_key_files)
+    signer = CommandSigner(masters[0]) if masters else None
     comm_store = TableCheckpoints(table(COMM_TABLE, config.events_partitions), chunk)
     cor_store = TableCheckpoints(table(CORRELATOR_TABLE, config.verdicts_partitions), chunk)
     router = CommRouter(
@@ -147,6 +151,7 @@ def register_agents(
             max_past_skew_us=int(config.max_past_skew_s * 1e6),
             max_message_bytes=config.max_message_bytes,
         ),
+        trust=EventTrust(masters) if config.require_signed_events else None,
     )
     correlator = CorrelatorRunner(
         engine,
@@ -201,7 +206,8 @@ def register_agents(
             log.info("isolation command %s: %s %s (%s)", c.id, c.action, c.host, c.fault)
             data = encode_command(c)
             if fits("isolation command", data, c.id):
-                await isolations_t.send(key=c.host.encode(), value=data)
+                sig = signer.headers(data) if signer is not None else None
+                await isolations_t.send(key=c.host.encode(), value=data, headers=sig)
         await dl.publish(out.deadletters)
         for partition, key, data in out.checkpoints:
             store.put(partition, key, data)

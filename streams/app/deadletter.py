@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from c4base.deadletter import DeadLetter
+from c4base.signing import HOST_HEADER, SIG_HEADER
 from producers.columnar import CONTENT_TYPE_HEADER
 
 __all__ = ["CLOCK_HEADER", "DeadLetterPublisher", "Record", "dead_letter", "refused_checkpoint"]
@@ -33,6 +34,9 @@ class Record:
     partition when the detector concluded it (orders verdicts like DetectionPipeline)."""
     content_type: bytes | None = None
     """Header ``content-type`` of an events message (Arrow IPC batches carry one)."""
+    signer: bytes | None = None
+    signature: bytes | None = None
+    """Headers ``c4-host`` / ``c4-sig`` of a signed events message (streams.app.trust)."""
 
     @property
     def source(self) -> str:
@@ -56,6 +60,8 @@ class Record:
             bytes(value),
             int(clock) if clock is not None else None,
             _header(headers, CONTENT_TYPE_HEADER),
+            _header(headers, HOST_HEADER),
+            _header(headers, SIG_HEADER),
         )
 
 

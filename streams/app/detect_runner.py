@@ -24,10 +24,17 @@ import msgspec
 
 from producers.columnar import decode_events_many
 from producers.events import Event, EventDecodeError, OpEvent, ProgressEvent
-from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES
+from producers.guard import (
+    MAX_DEPTH,
+    MAX_FUTURE_SKEW_US,
+    MAX_MESSAGE_BYTES,
+    MAX_NRANKS,
+    MAX_PAST_SKEW_US,
+)
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import DetectorLike, Engine
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
+from streams.app.trust import EventTrust, signature_refusal
 from streams.verdicts import Verdict
 
 __all__ = ["CommRouter", "EdgeLimits", "Lane", "contract_problem", "unwrap_state", "wrap_state"]
@@ -48,11 +55,11 @@ class EdgeLimits:
     partition's clock and hid a fault; ``nranks`` doubled mid-stream hid a straggler.
     """
 
-    max_nranks: int = 65_536
+    max_nranks: int = MAX_NRANKS
     """Largest communicator accepted (the core sizes its arrays by ``nranks``)."""
-    max_future_skew_us: int = 600_000_000
+    max_future_skew_us: int = MAX_FUTURE_SKEW_US
     """How far ahead of its partition's clock (and of the wall clock) an event may be."""
-    max_past_skew_us: int = 3_600_000_000
+    max_past_skew_us: int = MAX_PAST_SKEW_US
     """How far behind its partition's clock an event may be."""
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_depth: int = MAX_DEPTH
@@ -119,6 +126,11 @@ def contract_problem(events: Sequence[Event]) -> str | None:
     return None
 
 
+#: Measurement noise allowed between a heartbeat's in-flight time and its stamp (both
+#: from the rank's own host clock).
+_INFLIGHT_SLACK_US = 200_000
+
+
 class _Comm:
     __slots__ = ("detector", "job", "judged_us", "partition")
 
@@ -159,6 +171,7 @@ class CommRouter(StateRunner[str]):
         clock: Callable[[], float] = time.monotonic,
         limits: EdgeLimits | None = None,
         epoch: Callable[[], float] = time.time,
+        trust: EventTrust | None = None,
     ) -> None:
         super().__init__(
             lookup,
@@ -188,13 +201,15 @@ class CommRouter(StateRunner[str]):
         self.jobs: set[str] = set()
         """Every job seen (its metrics are exported from 0)."""
         self.limits = limits or EdgeLimits()
+        self.trust = trust
+        """Checks signed events when ``[worker] require_signed_events`` (None: off)."""
         self.epoch = epoch
         self.sizes: dict[str, int] = {}
         """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
         self._accepted_at: dict[Lane, float] = {}
         """Lane -> wall time (``clock``) of the last message accepted."""
-        self._progress: dict[str, dict[int, tuple[int, int]]] = {}
-        """Communicator -> rank -> (started, completed) of its newest heartbeat."""
+        self._progress: dict[str, dict[int, tuple[int, int, int]]] = {}
+        """Communicator -> rank -> (started, completed, ts_us) of its newest heartbeat."""
         self._ops: dict[str, dict[tuple[int, str], tuple[int, float]]] = {}
         """Communicator -> (rank, op) -> (seq, exec_us) of its newest completed op."""
         self.contested: dict[str, tuple[int, str]] = {}
@@ -289,13 +304,18 @@ class CommRouter(StateRunner[str]):
         # before any decoding.
         lim = self.limits
         sized = [len(rec.value) <= lim.max_message_bytes for rec in records]
+        # Signed events (docs/security.md): the signature before decoding, hosts after.
+        unsigned = [
+            signature_refusal(self.trust, rec) if ok else None
+            for rec, ok in zip(records, sized, strict=True)
+        ]
         decoded = decode_events_many(
             [
-                (rec.value, rec.content_type) if ok else (b"", None)
-                for rec, ok in zip(records, sized, strict=True)
+                (rec.value, rec.content_type) if ok and not bad else (b"", None)
+                for rec, ok, bad in zip(records, sized, unsigned, strict=True)
             ]
         )
-        for rec, ok, events in zip(records, sized, decoded, strict=True):
+        for rec, ok, bad, events in zip(records, sized, unsigned, decoded, strict=True):
             if not ok:
                 out.deadletters.append(
                     dead_letter(
@@ -305,8 +325,11 @@ class CommRouter(StateRunner[str]):
                     )
                 )
                 continue
-            if isinstance(events, EventDecodeError):
-                out.deadletters.append(dead_letter(rec, f"undecodable message: {events}"))
+            if isinstance(events, EventDecodeError) or bad:
+                out.deadletters.append(dead_letter(rec, bad or f"undecodable message: {events}"))
+                continue
+            if bad := signature_refusal(self.trust, rec, (ev.host for ev in events)):
+                out.deadletters.append(dead_letter(rec, bad))
                 continue
             problem = contract_problem(events) or self._admission_problem(rec.partition, events)
             if problem is not None:
@@ -428,23 +451,45 @@ class CommRouter(StateRunner[str]):
         grow, so a heartbeat that goes back means two sources report for one rank (a
         forger and the real exporter). A forged hang must contradict someone: the
         accused's own heartbeats (it is alive and advancing) or its peers' (they are not
-        as far ahead as claimed). Such a communicator's verdicts stay alert-only."""
+        as far ahead as claimed). Such a communicator's verdicts stay alert-only.
+
+        Two more rules of the same physics (one rank, one clock): counters grow with
+        ``ts_us`` too (a heartbeat stamped later may not say less), and a rank cannot have
+        sat in collective N for longer than since it last reported not having started N
+        (a forged "waiting 30 s" copy of a peer's heartbeat, one collective ahead, kept
+        its counters plausible and got a healthy host cordoned)."""
         ranks = self._progress.setdefault(ev.comm, {})
         last = ranks.get(ev.rank)
+        if last is None:
+            ranks[ev.rank] = (ev.started, ev.completed, ev.ts_us)
+            return
+        started, completed, ts = last
         ranks[ev.rank] = (
-            (max(ev.started, last[0]), max(ev.completed, last[1]))
-            if last
-            else (
-                ev.started,
-                ev.completed,
-            )
-        )
-        if last is not None and (ev.started < last[0] or ev.completed < last[1]):
+            max(ev.started, started), max(ev.completed, completed), max(ev.ts_us, ts)
+        )  # fmt: skip
+        if ev.started < started or ev.completed < completed:
             why = (
-                f"rank {ev.rank}'s heartbeat went back from started {last[0]}/completed "
-                f"{last[1]} to {ev.started}/{ev.completed}: two sources report for it"
+                f"rank {ev.rank}'s heartbeat went back from started {started}/completed "
+                f"{completed} to {ev.started}/{ev.completed}: two sources report for it"
             )
-            self._contest(ev.comm, ev.ts_us, why)
+        elif ev.ts_us < ts and (ev.started > started or ev.completed > completed):
+            why = (
+                f"rank {ev.rank}'s heartbeat at {ev.ts_us} says started {ev.started}, one "
+                f"stamped later ({ts}) said {started}: two sources report for it"
+            )
+        elif (
+            ev.started > started
+            and ev.inflight_us is not None
+            and ev.inflight_us > ev.ts_us - ts + _INFLIGHT_SLACK_US
+        ):
+            why = (
+                f"rank {ev.rank} says it has been in collective {ev.started} for "
+                f"{ev.inflight_us / 1e6:.1f} s, but {(ev.ts_us - ts) / 1e6:.1f} s before it "
+                f"had started only {started}: two sources report for it"
+            )
+        else:
+            return
+        self._contest(ev.comm, ev.ts_us, why)
 
     def _check_op(self, ev: OpEvent) -> None:
         """The same for completed ops: per rank and op, ``seq`` only grows, and one

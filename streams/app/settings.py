@@ -26,7 +26,9 @@ import msgspec
 from c4base.config import Section, load_section
 from c4base.kafka import KafkaConfig
 from c4base.settings_loader import SettingsError
+from c4base.signing import load_keys
 from c4base.topics import Topics
+from producers.guard import MAX_FUTURE_SKEW_US, MAX_NRANKS, MAX_PAST_SKEW_US
 from streams.core.config import DetectConfig, PolicyConfig
 
 __all__ = ["WORKER_SECTION", "WorkerConfig", "WorkerConfigError", "load_worker_config"]
@@ -92,12 +94,12 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tick_s: PosFloat = 1.0
     """Wall-clock period of the timer that advances detectors, checkpoints, writes status."""
 
-    max_nranks: Pos = 65_536
+    max_nranks: Pos = MAX_NRANKS
     """Largest communicator accepted; an event claiming more is dead-lettered."""
-    max_future_skew_s: PosFloat = 600.0
+    max_future_skew_s: PosFloat = MAX_FUTURE_SKEW_US / 1e6
     """Events further ahead of their partition's clock (or of the wall clock) than this
     are dead-lettered and never move the clock."""
-    max_past_skew_s: PosFloat = 3600.0
+    max_past_skew_s: PosFloat = MAX_PAST_SKEW_US / 1e6
     """Events further behind their partition's clock than this are dead-lettered."""
     max_message_bytes: Pos = 8 * 1024 * 1024
     """Larger ``c4.events`` messages are dead-lettered undecoded."""
@@ -126,10 +128,27 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Faust data dir and ``status.json`` (live counters, read by the CLI, demo and tests)."""
     loglevel: str = "info"
 
+    require_signed_events: bool = False
+    """Accept only ``c4.events`` messages signed by the host they report for (headers
+    ``c4-host``/``c4-sig``, keys derived from the master key; docs/security.md); any
+    other is dead-lettered: unsigned, bad signature, or an event of another host."""
+    master_key_files: tuple[str, ...] = ()
+    """The operator's master key file(s): the first signs the isolation commands (the
+    actuator's ``require_signed_commands``), all verify events (a rotation lists the new
+    key first, then the old one). Empty: commands unsigned, events not verifiable."""
+
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     """``[worker.detect]``: thresholds and windows of the detection core."""
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     """``[worker.policy]``: what the correlator may do (rails, dry run)."""
+
+    def __post_init__(self) -> None:
+        if self.require_signed_events and not self.master_key_files:
+            raise ValueError(
+                "require_signed_events = true needs master_key_files (the operator's "
+                "master key, docs/security.md)"
+            )
+        load_keys(self.master_key_files)  # missing, short, readable by others: say so now
 
     def topics(self) -> Topics:
         return Topics(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,14 +95,22 @@ def worker_config(bootstrap: str, workdir: Path, **kw: object) -> WorkerConfig:
     return WorkerConfig(**base)
 
 
-def produce(bootstrap: str, topic: str, msgs: list[tuple[bytes | None, bytes]]) -> None:
+Headers = list[tuple[str, bytes]]
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    msgs: Sequence[tuple[bytes | None, bytes] | tuple[bytes | None, bytes, Headers | None]],
+) -> None:
+    """Write ``(key, value)`` or ``(key, value, headers)`` messages, in order."""
     p = Producer(
         KafkaConfig(bootstrap=bootstrap).producer_config(
             **{"linger.ms": 5, "message.max.bytes": 4 * 1024 * 1024}
         )
     )
-    for key, value in msgs:
-        p.produce(topic, key=key, value=value)
+    for key, value, *headers in msgs:
+        p.produce(topic, key=key, value=value, headers=headers[0] if headers else None)
         p.poll(0)
     assert p.flush(30) == 0
 

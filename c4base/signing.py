@@ -1,0 +1,243 @@
+"""Message authentication on the wire: who wrote an event batch or a command.
+
+Kafka does not tell a consumer which principal produced a message, so the message
+carries it: an HMAC-SHA256 over the message's bytes in a header, with a key only its
+rightful writer holds. One operator *master* secret derives every key (a key file holds
+64 hex digits, 32 bytes, readable by its owner only):
+
+* each exporter host's key = HMAC(master, ``c4stream/exporter/<host>``): a host holds
+  only its own key, so it can sign for itself and nobody else;
+* the commands key = HMAC(master, ``c4stream/commands``): the worker signs the isolation
+  commands it decides, the actuator (which holds only this key) checks them.
+
+An events message carries headers ``c4-host`` (the host that signed it) and ``c4-sig``
+(``v1=`` + hex HMAC over :func:`event_bytes`: the host, the content type and the value,
+each length-prefixed, so no field can bleed into another). The topic, key and offset are
+not signed: a message may be replayed into another topic by an operator, and a re-sent
+message repeats itself exactly (the worker's corroboration tells a repeat from a
+contradiction).
+
+>>> master = bytes(range(32))
+>>> k = host_key(master, "node-001")
+>>> sig = sign(k, event_bytes(b"[]", "node-001", None))
+>>> verify([k], event_bytes(b"[]", "node-001", None), sig)
+True
+>>> verify([k], event_bytes(b"[ ]", "node-001", None), sig)  # one byte changed
+False
+>>> verify([host_key(master, "node-002")], event_bytes(b"[]", "node-002", None), sig)
+False
+>>> host_key(master, "--all")
+Traceback (most recent call last):
+...
+c4base.signing.SigningError: host name '--all' is not an RFC 1123 name: no key for it
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import stat
+import struct
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+__all__ = [
+    "COMMANDS_CONTEXT",
+    "HOST_HEADER",
+    "KEY_BYTES",
+    "SIG_HEADER",
+    "KeyFileError",
+    "SigningError",
+    "command_bytes",
+    "command_refusal",
+    "commands_key",
+    "event_bytes",
+    "signed_event_headers",
+    "generate_key_file",
+    "header",
+    "host_key",
+    "load_key",
+    "load_keys",
+    "sign",
+    "verify",
+    "write_key_file",
+]
+
+HOST_HEADER = "c4-host"
+SIG_HEADER = "c4-sig"
+KEY_BYTES = 32
+"""A key is 32 bytes (SHA-256's block of entropy); shorter key files are refused."""
+EXPORTER_CONTEXT = b"c4stream/exporter/"
+COMMANDS_CONTEXT = b"c4stream/commands"
+_VERSION = b"v1="
+_EVENTS_DOMAIN = b"c4stream/events/v1"
+_COMMANDS_DOMAIN = b"c4stream/commands/v1"
+_LEN = struct.Struct("!I")
+# Same rule as producers.guard.HOST_PATTERN (the floor cannot import producers): a key
+# is derived only for a host name a backend could safely act on.
+_HOST_RE = re.compile(
+    r"^(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z"
+)
+
+
+class SigningError(ValueError):
+    """A key cannot be derived or a signature cannot be made (bad host name)."""
+
+
+class KeyFileError(SigningError):
+    """A key file is missing, too short, not hex, or readable by others: fix the file
+    (``c4stream keys generate`` / ``keys derive`` write correct ones, mode 0600)."""
+
+
+def _mac(key: bytes, data: bytes) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def host_key(master: bytes, host: str) -> bytes:
+    """The exporter key of ``host`` (what ``c4stream keys derive --host`` writes)."""
+    if not _HOST_RE.fullmatch(host):
+        raise SigningError(f"host name {host[:80]!r} is not an RFC 1123 name: no key for it")
+    return _mac(master, EXPORTER_CONTEXT + host.encode())
+
+
+def commands_key(master: bytes) -> bytes:
+    """The key the worker signs isolation commands with and the actuator checks."""
+    return _mac(master, COMMANDS_CONTEXT)
+
+
+def _framed(*parts: bytes) -> bytes:
+    return b"".join(_LEN.pack(len(p)) + p for p in parts)
+
+
+def event_bytes(value: bytes, host: str, content_type: bytes | str | None) -> bytes:
+    """What an events message's signature covers: domain, host, content type, value."""
+    ct = content_type.encode() if isinstance(content_type, str) else (content_type or b"")
+    return _framed(_EVENTS_DOMAIN, host.encode(), ct, value)
+
+
+def signed_event_headers(
+    key: bytes, host: str, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None
+) -> list[tuple[str, bytes]]:
+    """``headers`` (e.g. an Arrow batch's ``content-type``) plus ``c4-host`` and ``c4-sig``.
+
+    >>> hs = signed_event_headers(bytes(32), "n1", b"[]")
+    >>> [k for k, _ in hs], verify([bytes(32)], event_bytes(b"[]", "n1", None), hs[1][1])
+    (['c4-host', 'c4-sig'], True)
+    """
+    out = [(k, v) for k, v in headers or () if k not in (HOST_HEADER, SIG_HEADER)]
+    ct = header(out, "content-type")
+    sig = sign(key, event_bytes(value, host, ct))
+    return [*out, (HOST_HEADER, host.encode()), (SIG_HEADER, sig)]
+
+
+def command_bytes(value: bytes) -> bytes:
+    """What an isolation command's signature covers."""
+    return _framed(_COMMANDS_DOMAIN, value)
+
+
+def command_refusal(keys: Sequence[bytes], value: bytes, signature: bytes | None) -> str | None:
+    """Why an isolation command's ``c4-sig`` is not acceptable under the commands
+    key(s), or None.
+
+    >>> k = commands_key(bytes(32))
+    >>> command_refusal([k], b"{}", sign(k, command_bytes(b"{}"))) is None
+    True
+    >>> command_refusal([k], b"{}", None)
+    'unsigned command: no c4-sig header (require_signed_commands is on)'
+    """
+    if signature is None:
+        return "unsigned command: no c4-sig header (require_signed_commands is on)"
+    if not verify(keys, command_bytes(value), signature):
+        return "bad signature: not signed with the commands key (forged or tampered)"
+    return None
+
+
+def sign(key: bytes, data: bytes) -> bytes:
+    """The ``c4-sig`` header value: ``v1=`` and the hex HMAC-SHA256 of ``data``."""
+    return _VERSION + _mac(key, data).hex().encode()
+
+
+def verify(keys: Sequence[bytes], data: bytes, signature: bytes | None) -> bool:
+    """Whether ``signature`` is a valid ``c4-sig`` of ``data`` under one of ``keys``
+    (several during a key rotation). Constant-time comparison."""
+    if not signature or not signature.startswith(_VERSION):
+        return False
+    given = signature[len(_VERSION) :]
+    ok = False
+    for key in keys:  # every key is tried: the time does not tell which one matched
+        ok |= hmac.compare_digest(_mac(key, data).hex().encode(), given)
+    return ok
+
+
+def header(headers: Iterable[tuple[str, bytes | None]] | None, name: str) -> bytes | None:
+    """The first value of header ``name`` (None when absent).
+
+    >>> header([("c4-host", b"n1"), ("c4-sig", b"v1=00")], SIG_HEADER)
+    b'v1=00'
+    """
+    for k, v in headers or ():
+        if k == name:
+            return v
+    return None
+
+
+# ------------------------------------------------------------------ key files
+
+
+def load_key(path: str | Path) -> bytes:
+    """The key in ``path``: 64 (or more) hex digits, the file readable by its owner only.
+
+    Raises :class:`KeyFileError` saying what to fix; the key itself is never in a message.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+        text = p.read_bytes()
+    except FileNotFoundError:
+        raise KeyFileError(f"key file {p} does not exist") from None
+    except OSError as err:
+        raise KeyFileError(f"key file {p} cannot be read: {err.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise KeyFileError(f"key file {p} is not a regular file")
+    if st.st_mode & 0o077:
+        raise KeyFileError(
+            f"key file {p} is readable or writable by others (mode {stat.S_IMODE(st.st_mode):o});"
+            f" chmod 600 {p} (Kubernetes: defaultMode 0400 on the Secret volume)"
+        )
+    digits = text.strip()
+    try:
+        key = bytes.fromhex(digits.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise KeyFileError(f"key file {p} does not hold hex digits") from None
+    if len(key) < KEY_BYTES:
+        raise KeyFileError(
+            f"key file {p} holds {len(key)} bytes, at least {KEY_BYTES} are needed "
+            "(c4stream keys generate)"
+        )
+    return key
+
+
+def load_keys(paths: Sequence[str | Path]) -> list[bytes]:
+    """Every key of ``paths`` (the first signs, all verify: a rotation keeps the old one)."""
+    return [load_key(p) for p in paths]
+
+
+def write_key_file(path: str | Path, key: bytes) -> Path:
+    """Write ``key`` as hex to a new file of mode 0600 (never over an existing file)."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise KeyFileError(f"{p} already exists; not overwritten") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+    return p
+
+
+def generate_key_file(path: str | Path) -> Path:
+    """A new random master key in ``path`` (mode 0600)."""
+    return write_key_file(path, secrets.token_bytes(KEY_BYTES))
