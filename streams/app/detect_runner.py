@@ -21,9 +21,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 
-from producers.columnar import decode_events_many
-from producers.events import Event, EventDecodeError, OpEvent, ProgressEvent
+from producers.columnar import ColumnBlock, EventColumns, decode_block, table_events
+from producers.events import Event, EventDecodeError, ProgressEvent
 from producers.guard import MAX_DEPTH, MAX_MESSAGE_BYTES
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import DetectorLike, Engine
@@ -34,9 +35,107 @@ __all__ = ["CommRouter", "EdgeLimits", "Lane", "contract_problem", "unwrap_state
 
 log = logging.getLogger(__name__)
 
-Slice = dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]
-"""An open event-time slice of one lane, by communicator:
-comm -> (its events, (record, its events) per message)."""
+Rows = tuple[ColumnBlock, int, int]
+"""Rows ``start:end`` of a consumer batch's Arrow messages (one message, one communicator)."""
+
+Part = list[Event] | Rows
+"""One communicator's events of one message: objects (JSON), or rows of Arrow columns."""
+
+
+class _Group:
+    """One communicator's events in its lane's open event-time slice, message by message."""
+
+    __slots__ = ("n", "parts", "top")
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[Record, Part]] = []
+        self.n = 0
+        self.top = -1
+        """Newest ``ts_us`` of its events."""
+
+    def add(self, rec: Record, part: Part, n: int, top: int) -> None:
+        self.parts.append((rec, part))
+        self.n += n
+        if top > self.top:
+            self.top = top
+
+
+Slice = dict[str, _Group]
+"""An open event-time slice of one lane, by communicator."""
+
+
+def _observe(det: DetectorLike, comm: str, parts: Sequence[tuple[Record, Part]]) -> list[Verdict]:
+    """One communicator's parts judged at once: Arrow rows as columns
+    (``observe_columns``, the same verdicts as ``observe``, no object per event); a slice
+    that mixes JSON and Arrow messages goes as objects, in message order."""
+    spans = [p for _, p in parts if isinstance(p, tuple)]
+    if not spans:
+        return det.observe([e for _, p in parts for e in p])  # type: ignore[union-attr]
+    if len(spans) < len(parts):
+        return det.observe([e for _, p in parts for e in _events(p)])
+    per_block: list[tuple[ColumnBlock, list[tuple[int, int]]]] = []
+    for block, s, e in spans:
+        if per_block and per_block[-1][0] is block:
+            per_block[-1][1].append((s, e))
+        else:
+            per_block.append((block, [(s, e)]))
+    cols = [block.columns(comm, ranges) for block, ranges in per_block]
+    return det.observe_columns(cols[0] if len(cols) == 1 else EventColumns.concat(cols))
+
+
+def _events(part: Part) -> list[Event]:
+    if isinstance(part, tuple):
+        block, s, e = part
+        return table_events(block.batch.slice(s, e - s))
+    return part
+
+
+class _BlockFacts:
+    """What admission asks of each Arrow message of a consumer batch, computed for all of
+    them at once (numpy over the batch's rows), as Python lists indexed by message."""
+
+    __slots__ = ("comm", "contract_ok", "job", "nr_first", "nr_max", "nr_min", "plain",
+                 "ts_max", "ts_min")  # fmt: skip
+
+    def __init__(self, block: ColumnBlock) -> None:
+        st = block.starts[:-1]  # every message has rows (empty ones are refused)
+        nr, ts = block.column("nranks"), block.column("ts_us")
+        cc, jc = block.comm_codes, block.job_codes
+        # one communicator and one job per message (what exporters send); others go
+        # through the object path
+        plain = (np.minimum.reduceat(cc, st) == np.maximum.reduceat(cc, st)) & (
+            np.minimum.reduceat(jc, st) == np.maximum.reduceat(jc, st)
+        )
+        bad = block.column("rank") >= nr  # contract_problem's rules, per row
+        peer, off = block.conns()
+        if len(peer):
+            owner = np.repeat(np.arange(len(nr)), np.diff(off))
+            bad |= np.bincount(owner[peer >= nr[owner]], minlength=len(nr)) > 0
+        self.plain: list[bool] = plain.tolist()
+        self.contract_ok: list[bool] = (~np.logical_or.reduceat(bad, st)).tolist()
+        self.comm: list[str] = [block.comm_names[c] for c in cc[st].tolist()]
+        self.job: list[str] = [block.job_names[j] for j in jc[st].tolist()]
+        self.nr_first: list[int] = nr[st].tolist()
+        self.nr_min: list[int] = np.minimum.reduceat(nr, st).tolist()
+        self.nr_max: list[int] = np.maximum.reduceat(nr, st).tolist()
+        self.ts_min: list[int] = np.minimum.reduceat(ts, st).tolist()
+        self.ts_max: list[int] = np.maximum.reduceat(ts, st).tolist()
+
+
+class _BlockRows:
+    """The per-row values corroboration reads, as Python lists (built once per batch)."""
+
+    __slots__ = ("completed", "exec_us", "is_op", "op", "rank", "seq", "started", "ts")
+
+    def __init__(self, block: ColumnBlock) -> None:
+        self.is_op: list[bool] = block.is_op.tolist()
+        self.rank: list[int] = block.column("rank").tolist()
+        self.ts: list[int] = block.column("ts_us").tolist()
+        self.seq: list[int] = block.column("seq").tolist()
+        self.exec_us: list[float] = block.column("exec_us").tolist()
+        self.started: list[int] = block.column("started").tolist()
+        self.completed: list[int] = block.column("completed").tolist()
+        self.op: list[str | None] = block.batch.column("op").to_pylist()
 
 
 @dataclass(frozen=True)
@@ -284,52 +383,18 @@ class CommRouter(StateRunner[str]):
         # comm of the lane) when an event of its next slice arrives, whatever the batches:
         # a catch-up batch spanning minutes of event time is judged slice by slice, and a
         # slice spread over many small batches is judged at once, like offline.
-        # JSON or Arrow (content-type header); the batch's Arrow messages are validated
-        # and converted together (cheaper than one by one). Oversize messages are refused
-        # before any decoding.
-        lim = self.limits
-        sized = [len(rec.value) <= lim.max_message_bytes for rec in records]
-        decoded = decode_events_many(
-            [
-                (rec.value, rec.content_type) if ok else (b"", None)
-                for rec, ok in zip(records, sized, strict=True)
-            ]
-        )
-        for rec, ok, events in zip(records, sized, decoded, strict=True):
-            if not ok:
-                out.deadletters.append(
-                    dead_letter(
-                        rec,
-                        f"undecodable message: {len(rec.value)} bytes is over the limit of "
-                        f"{lim.max_message_bytes}",
-                    )
-                )
-                continue
-            if isinstance(events, EventDecodeError):
-                out.deadletters.append(dead_letter(rec, f"undecodable message: {events}"))
-                continue
-            problem = contract_problem(events) or self._admission_problem(rec.partition, events)
-            if problem is not None:
-                out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
-                continue
-            st.events += len(events)
-            now = self.wall()
-            for ev in events:
-                self._accepted_at[(rec.partition, ev.job)] = now
-                self.sizes.setdefault(ev.comm, ev.nranks)
-                if isinstance(ev, ProgressEvent):
-                    self._check_counters(ev)
-                else:
-                    self._check_op(ev)
-            first = events[0].comm
-            if all(ev.comm == first for ev in events):  # the usual case: one comm per message
-                self._take(rec, first, events, out)
+        items, block = self._decode(records)
+        facts = rows = None
+        for rec, item in zip(records, items, strict=True):
+            if isinstance(item, EventDecodeError):
+                out.deadletters.append(dead_letter(rec, f"undecodable message: {item}"))
+            elif isinstance(item, int):
+                assert block is not None
+                facts = facts or _BlockFacts(block)
+                rows = rows or _BlockRows(block)
+                self._accept_rows(rec, block, item, facts, rows, out)
             else:
-                per_comm: dict[str, list[Event]] = {}
-                for ev in events:
-                    per_comm.setdefault(ev.comm, []).append(ev)
-                for comm, evs in per_comm.items():
-                    self._take(rec, comm, evs, out)
+                self._accept(rec, item, out)
         for lane in [lane for lane in self.clock_us if lane[0] in settle]:
             groups = self.pending.pop(lane, None)
             if groups:
@@ -340,27 +405,146 @@ class CommRouter(StateRunner[str]):
         self._count(out)
         return out
 
-    def _take(self, rec: Record, comm: str, events: list[Event], out: Output) -> None:
-        """Put one communicator's events of one message into its lane's open slice."""
+    def _decode(
+        self, records: Sequence[Record]
+    ) -> tuple[list[list[Event] | EventDecodeError | int], ColumnBlock | None]:
+        """The batch's messages decoded: per record its events (JSON), why it cannot be
+        read, or (Arrow) the index of its rows in the returned block of numpy columns —
+        the batch's Arrow messages validated and converted together. Oversize messages
+        are refused before any decoding."""
+        lim = self.limits
+        sized = [len(rec.value) <= lim.max_message_bytes for rec in records]
+        items, block = decode_block(
+            [
+                (rec.value, rec.content_type) if ok else (b"", None)
+                for rec, ok in zip(records, sized, strict=True)
+            ]
+        )
+        for i, (rec, ok) in enumerate(zip(records, sized, strict=True)):
+            if not ok:
+                items[i] = EventDecodeError(
+                    f"{len(rec.value)} bytes is over the limit of {lim.max_message_bytes}"
+                )
+        return items, block
+
+    def _accept(self, rec: Record, events: list[Event], out: Output) -> None:
+        """A message as event objects: dead-lettered with the reason if the contract or
+        the edge limits refuse it, else corroborated and put into its lanes' slices."""
+        problem = contract_problem(events) or self._admission_problem(rec.partition, events)
+        if problem is not None:
+            out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
+            return
+        self.stats.events += len(events)
+        now = self.wall()
+        for ev in events:
+            self._accepted_at[(rec.partition, ev.job)] = now
+            self.sizes.setdefault(ev.comm, ev.nranks)
+            if isinstance(ev, ProgressEvent):
+                self._check_counters(ev.comm, ev.rank, ev.started, ev.completed, ev.ts_us)
+            else:
+                self._check_op(ev.comm, ev.rank, ev.op, ev.seq, ev.exec_us, ev.ts_us)
+        first = events[0].comm
+        if all(ev.comm == first for ev in events):  # the usual case: one comm per message
+            self._take(rec, first, events[0].job, events, out)
+        else:
+            per_comm: dict[str, list[Event]] = {}
+            for ev in events:
+                per_comm.setdefault(ev.comm, []).append(ev)
+            for comm, evs in per_comm.items():
+                self._take(rec, comm, evs[0].job, evs, out)
+
+    def _accept_rows(
+        self,
+        rec: Record,
+        block: ColumnBlock,
+        k: int,
+        facts: _BlockFacts,
+        rows: _BlockRows,
+        out: Output,
+    ) -> None:
+        """An Arrow message as columns: the same outcome as :meth:`_accept` of its events,
+        without an object per event. Its admission is decided from per-message minima and
+        maxima (the rules compare every row with one bound); only a refused message is
+        turned into objects, so that its dead letter names the row as the object path
+        does. A message of several communicators or jobs goes through the object path."""
+        s, e = int(block.starts[k]), int(block.starts[k + 1])
+        if not facts.plain[k]:
+            self._accept(rec, table_events(block.batch.slice(s, e - s)), out)
+            return
+        comm, job, p = facts.comm[k], facts.job[k], rec.partition
+        if not self._admissible(p, comm, job, facts, k):
+            events = table_events(block.batch.slice(s, e - s))
+            problem = contract_problem(events) or self._admission_problem(p, events)
+            if problem is None:  # a bound stricter than the rules: they decide
+                self._accept(rec, events, out)
+            else:
+                out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
+            return
+        self.stats.events += e - s
+        self._accepted_at[(p, job)] = self.wall()
+        self.sizes.setdefault(comm, facts.nr_first[k])
+        is_op, rank, ts = rows.is_op, rows.rank, rows.ts
+        for i in range(s, e):
+            if is_op[i]:
+                self._check_op(comm, rank[i], rows.op[i], rows.seq[i], rows.exec_us[i], ts[i])  # type: ignore[arg-type]
+            else:
+                self._check_counters(comm, rank[i], rows.started[i], rows.completed[i], ts[i])
+        self._take(rec, comm, job, (block, s, e), out, e - s, facts.ts_max[k])
+
+    def _admissible(self, p: int, comm: str, job: str, facts: _BlockFacts, k: int) -> bool:
+        """Whether :meth:`_admission_problem` (and ``contract_problem``) would pass message
+        ``k`` of one communicator and job: each rule compares every row with one bound, so
+        its rows' minimum and maximum decide."""
+        lim = self.limits
+        if not facts.contract_ok[k] or facts.nr_max[k] > lim.max_nranks:
+            return False
+        size = self.sizes.get(comm) or self._restored_size(comm, p, job) or facts.nr_first[k]
+        if facts.nr_min[k] != size or facts.nr_max[k] != size:
+            return False
+        top = facts.ts_max[k]
+        if top > int(self.epoch() * 1e6) + lim.max_future_skew_us:
+            return False
+        lane = (p, job)
+        clock = self.clock_us.get(lane)
+        if clock is None:
+            return True
+        quiet = self.wall() - self._accepted_at.get(lane, float("-inf"))
+        if top > clock + lim.max_future_skew_us and quiet < lim.max_future_skew_us / 1e6:
+            return False
+        return facts.ts_min[k] >= clock - lim.max_past_skew_us
+
+    def _take(
+        self,
+        rec: Record,
+        comm: str,
+        job: str,
+        part: Part,
+        out: Output,
+        n: int = 0,
+        top: int = -1,
+    ) -> None:
+        """Put one communicator's events of one message (objects, or rows with their
+        count ``n`` and newest ``top``) into its lane's open slice."""
+        if not isinstance(part, tuple):
+            n, top = len(part), max(ev.ts_us for ev in part)
         p = rec.partition
         c = self.comms.get(comm)
-        top = max(ev.ts_us for ev in events)
         if c is not None and c.judged_us - top > self.allowed_lateness_us:
             late = c.judged_us - top
-            self.late_events[c.job] = self.late_events.get(c.job, 0) + len(events)
-            out.late_events.append((c.job, len(events)))
+            self.late_events[c.job] = self.late_events.get(c.job, 0) + n
+            out.late_events.append((c.job, n))
             out.deadletters.append(
                 dead_letter(
                     rec,
                     f"late by {late / 1e6:.0f} s: communicator {comm} of job {c.job} was "
                     f"already judged up to {c.judged_us} (event time), these "
-                    f"{len(events)} events end at {top}; allowed lateness "
+                    f"{n} events end at {top}; allowed lateness "
                     f"{self.allowed_lateness_us / 1e6:g} s",
                 )
             )
             return
         if c is None:
-            c = self._comm(comm, p, events[0].job)  # restored (or created) on arrival
+            c = self._comm(comm, p, job)  # restored (or created) on arrival
         lane = (c.partition, c.job)
         self._active.add(lane)
         end = self._slice_end.get(lane)
@@ -371,11 +555,11 @@ class CommRouter(StateRunner[str]):
             self._slice_end[lane] = top - top % self.advance_every_us + self.advance_every_us
         if top > self.clock_us.get(lane, -1):
             self.clock_us[lane] = top
-        g = self.pending.setdefault(lane, {}).get(comm)
+        groups = self.pending.setdefault(lane, {})
+        g = groups.get(comm)
         if g is None:
-            g = self.pending[lane][comm] = ([], [])
-        g[0].extend(events)
-        g[1].append((rec, events))
+            g = groups[comm] = _Group()
+        g.add(rec, part, n, top)
 
     def _admission_problem(self, p: int, events: Sequence[Event]) -> str | None:
         """What makes an otherwise valid message unsafe to feed (None: feed it).
@@ -423,49 +607,49 @@ class CommRouter(StateRunner[str]):
                 )
         return None
 
-    def _check_counters(self, ev: ProgressEvent) -> None:
+    def _check_counters(self, comm: str, rank: int, started: int, completed: int, ts: int) -> None:
         """Corroboration, within the detector's physics: a rank's heartbeat counters only
         grow, so a heartbeat that goes back means two sources report for one rank (a
         forger and the real exporter). A forged hang must contradict someone: the
         accused's own heartbeats (it is alive and advancing) or its peers' (they are not
         as far ahead as claimed). Such a communicator's verdicts stay alert-only."""
-        ranks = self._progress.setdefault(ev.comm, {})
-        last = ranks.get(ev.rank)
-        ranks[ev.rank] = (
-            (max(ev.started, last[0]), max(ev.completed, last[1]))
-            if last
-            else (
-                ev.started,
-                ev.completed,
-            )
-        )
-        if last is not None and (ev.started < last[0] or ev.completed < last[1]):
+        ranks = self._progress.get(comm)
+        if ranks is None:
+            ranks = self._progress[comm] = {}
+        last = ranks.get(rank)
+        if last is None:
+            ranks[rank] = (started, completed)
+            return
+        ranks[rank] = (max(started, last[0]), max(completed, last[1]))
+        if started < last[0] or completed < last[1]:
             why = (
-                f"rank {ev.rank}'s heartbeat went back from started {last[0]}/completed "
-                f"{last[1]} to {ev.started}/{ev.completed}: two sources report for it"
+                f"rank {rank}'s heartbeat went back from started {last[0]}/completed "
+                f"{last[1]} to {started}/{completed}: two sources report for it"
             )
-            self._contest(ev.comm, ev.ts_us, why)
+            self._contest(comm, ts, why)
 
-    def _check_op(self, ev: OpEvent) -> None:
+    def _check_op(self, comm: str, rank: int, op: str, seq: int, exec_us: float, ts: int) -> None:
         """The same for completed ops: per rank and op, ``seq`` only grows, and one
         collective has one duration. A re-sent message repeats both exactly; a second
         source (a forged straggler pattern) contradicts the real one in either."""
-        ops = self._ops.setdefault(ev.comm, {})
-        key = (ev.rank, ev.op)
+        ops = self._ops.get(comm)
+        if ops is None:
+            ops = self._ops[comm] = {}
+        key = (rank, op)
         last = ops.get(key)
-        if last is None or ev.seq > last[0]:
-            ops[key] = (ev.seq, ev.exec_us)
+        if last is None or seq > last[0]:
+            ops[key] = (seq, exec_us)
             return
-        if ev.seq < last[0]:
-            self._contest(ev.comm, ev.ts_us,
-                          f"rank {ev.rank}'s {ev.op} went back from seq {last[0]} to {ev.seq}: "
+        if seq < last[0]:
+            self._contest(comm, ts,
+                          f"rank {rank}'s {op} went back from seq {last[0]} to {seq}: "
                           "two sources report for it")  # fmt: skip
-        elif ev.exec_us != last[1]:
+        elif exec_us != last[1]:
             why = (
-                f"rank {ev.rank}'s {ev.op} seq {ev.seq} reported twice with different "
-                f"durations ({last[1]} and {ev.exec_us} us): two sources report for it"
+                f"rank {rank}'s {op} seq {seq} reported twice with different "
+                f"durations ({last[1]} and {exec_us} us): two sources report for it"
             )
-            self._contest(ev.comm, ev.ts_us, why)
+            self._contest(comm, ts, why)
 
     def _contest(self, comm: str, ts_us: int, why: str) -> None:
         if comm not in self.contested:
@@ -499,32 +683,27 @@ class CommRouter(StateRunner[str]):
         self._comm(comm, p, job)  # restores it (or starts afresh if unreadable)
         return self.sizes.get(comm)
 
-    def _judge(
-        self,
-        lane: Lane,
-        groups: dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]],
-        out: Output,
-    ) -> None:
+    def _judge(self, lane: Lane, groups: Slice, out: Output) -> None:
         now = self.wall()
         clock = self.clock_us[lane]
-        for comm, (events, parts) in groups.items():
+        for comm, g in groups.items():
             c = self.comms[comm]
-            top = max(ev.ts_us for ev in events)
-            if top > c.judged_us:
-                c.judged_us = top
+            if g.top > c.judged_us:
+                c.judged_us = g.top
             try:
-                out.concluded(self._uncontested(comm, c.detector.observe(events)), clock)
+                out.concluded(self._uncontested(comm, _observe(c.detector, comm, g.parts)), clock)
             except Exception as err:
-                if len(parts) == 1:
-                    self._detector_failed(comm, err, parts[0][0], out)
+                if len(g.parts) == 1:
+                    self._detector_failed(comm, err, g.parts[0][0], out)
                     continue
                 # Retry message by message so only the offending one is dead-lettered.
-                for rec, evs in parts:
+                for part in g.parts:
                     try:
-                        out.concluded(self._uncontested(comm, c.detector.observe(evs)), clock)
+                        verdicts = _observe(c.detector, comm, [part])
+                        out.concluded(self._uncontested(comm, verdicts), clock)
                     except Exception as err1:
-                        self._detector_failed(comm, err1, rec, out)
-            self.schedule.touch(comm, len(events), now)
+                        self._detector_failed(comm, err1, part[0], out)
+            self.schedule.touch(comm, g.n, now)
 
     def _detector_failed(self, comm: str, err: Exception, rec: Record, out: Output) -> None:
         self.stats.detector_errors += 1
