@@ -765,13 +765,18 @@ def _read_any(data: bytes) -> list[pa.RecordBatch]:
         raise EventDecodeError(f"not an Arrow IPC stream: {err}") from None
 
 
-def _schema_message() -> pa.Buffer:
-    """The flatbuffer of :data:`EVENT_SCHEMA`'s schema message as this encoder writes it."""
-    reader = pa.BufferReader(pa.py_buffer(_ipc([])))
-    return pa.ipc.read_message(reader).metadata
+def _schema_prefix() -> bytes:
+    """The schema message of :data:`EVENT_SCHEMA` as this encoder frames it (the first
+    bytes of every stream it writes)."""
+    data = _ipc([])
+    reader = pa.BufferReader(pa.py_buffer(data))
+    pa.ipc.read_message(reader)
+    return data[: reader.tell()]
 
 
-_SCHEMA_MESSAGE = _schema_message()
+_SCHEMA_PREFIX = _schema_prefix()
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+"""The end-of-stream marker."""
 
 
 def _read_canonical(data: bytes) -> list[pa.RecordBatch] | None:
@@ -779,20 +784,18 @@ def _read_canonical(data: bytes) -> list[pa.RecordBatch] | None:
     encoder writes, or None (then the full reader decides, and words any error).
 
     Opening a stream reader parses the schema (24 fields) each time: about two thirds of
-    a small message's decoding. Here the schema is parsed once, and each batch is read
-    against it; a stream that holds anything but record batches after it goes the long
-    way."""
+    a small message's decoding. Here the schema is compared as bytes, and each batch is
+    read against the schema parsed once; a stream that holds anything but record batches
+    after it goes the long way."""
+    start = len(_SCHEMA_PREFIX)
+    if data[:start] != _SCHEMA_PREFIX:
+        return None
     try:
         reader = pa.BufferReader(pa.py_buffer(data))
-        first = pa.ipc.read_message(reader)
-        if first.type != "schema" or not first.metadata.equals(_SCHEMA_MESSAGE):
-            return None
+        reader.seek(start)
         batches = []
-        while True:
-            try:
-                msg = pa.ipc.read_message(reader)
-            except EOFError:  # the end-of-stream marker, or the end of the bytes
-                break
+        while (pos := reader.tell()) < len(data) and data[pos : pos + 8] != _EOS:
+            msg = pa.ipc.read_message(reader)
             if msg.type != "record batch":
                 return None
             batches.append(pa.ipc.read_record_batch(msg, EVENT_SCHEMA))

@@ -2,7 +2,9 @@
 
 :class:`CommRouter` decodes each message (a JSON array, or an Arrow IPC batch marked by its
 ``content-type`` header), dead-letters what breaks the contract, groups
-events by communicator, feeds each communicator's detector one batch, and advances every
+events by communicator, feeds each communicator's detector one batch (JSON messages as
+event objects; Arrow messages as numpy columns, checked and judged without an object per
+event, with the same outcomes and dead-letter reasons), and advances every
 communicator of a job in a partition whenever that job's event-time clock there (max
 ``ts_us`` seen: a *lane* per partition and job) moves on by ``advance_every_us``, so a
 collective that stops completing is noticed while heartbeats keep arriving, and a job
