@@ -377,6 +377,7 @@ class CommRouter(StateRunner[str]):
         judged now, and advanced when due, rather than when the next slice begins, which
         costs up to a second of latency. Partitions with lag (catching up) are judged
         exactly slice by slice, as DetectionPipeline does (per job)."""
+        t0 = time.thread_time()
         out = Output()
         st = self.stats
         st.batches += 1
@@ -405,6 +406,7 @@ class CommRouter(StateRunner[str]):
                 self._advance_lane(lane, out)
         self._due(out, self.wall())
         self._count(out)
+        st.process_s += time.thread_time() - t0
         return out
 
     def _decode(
@@ -740,6 +742,7 @@ class CommRouter(StateRunner[str]):
         """Wall-clock timer: close the open slice of every lane that got no message since
         the previous tick (traffic stopped: judge it and advance, so a hang is still
         found), take time-due checkpoints."""
+        t0 = time.thread_time()
         quiet = set(self.clock_us) - self._active
         wall = self.wall()
         for lane in self._active:
@@ -758,6 +761,7 @@ class CommRouter(StateRunner[str]):
             self._last_active.pop(lane, None)
         self._due(out, wall)
         self._count(out)
+        self.stats.process_s += time.thread_time() - t0
         return out
 
     def close_slices(self, partitions: set[int] | None = None) -> Output:
