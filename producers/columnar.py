@@ -470,10 +470,21 @@ class LazyEvents(Sequence[Event]):
 
     def _all(self) -> list[Event]:
         if self._events is None:
-            c = self._cols
-            table = c.table if isinstance(c, EventColumns) else c
-            self._events = _to_events(table.take(pa.array(self._idx, pa.int64())))
+            self._events = _to_events(self._source().take(pa.array(self._idx, pa.int64())))
         return self._events
+
+    def _source(self) -> pa.RecordBatch:
+        """The batch ``_idx`` indexes, without building a table of all rows when the
+        columns stand for rows of one batch (then ``_idx`` is mapped onto them)."""
+        c = self._cols
+        if not isinstance(c, EventColumns):
+            return c
+        parts = c._parts if c._table is None else None
+        if parts and len(parts) == 1 and not isinstance(parts[0], pa.RecordBatch):
+            batch, rows = parts[0]
+            self._cols, self._idx = batch, rows[self._idx]
+            return batch
+        return c.table
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._all())
