@@ -151,9 +151,7 @@ def test_a_message_of_several_communicators_is_split_like_its_objects() -> None:
 
 
 def _decide_one(events: list[Event], arrow: bool) -> tuple[int, dict[str, int]]:
-    r = CommRouter(CoreEngine(), lambda key: None, checkpoint_every_events=10**9,
-                   checkpoint_every_s=1e9, advance_every_us=250_000,
-                   epoch=lambda: T0 / 1e6)  # fmt: skip
+    r = _router()
     out = r.process([_record(0, 0, events, arrow)])
     assert not out.deadletters
     return r.stats.events, {k: g.n for lane in r.pending.values() for k, g in lane.items()}
@@ -164,9 +162,63 @@ def test_the_contested_reason_names_the_same_values_both_ways() -> None:
     b = msgspec.structs.replace(a, exec_us=99.5)
     got = {}
     for fmt in ("json", "arrow"):
-        r = CommRouter(CoreEngine(), lambda key: None, checkpoint_every_events=10**9,
-                       checkpoint_every_s=1e9, advance_every_us=250_000,
-                       epoch=lambda: T0 / 1e6)  # fmt: skip
+        r = _router()
         r.process([_record(0, 0, [a], fmt == "arrow"), _record(1, 0, [b], fmt == "arrow")])
         got[fmt] = r.contested["0xa"][1]
     assert got["arrow"] == got["json"] and "(10.25 and 99.5 us)" in got["json"]
+
+
+def test_a_restored_communicator_keeps_its_size_for_arrow_messages_too() -> None:
+    r0 = _router()
+    r0.process([_record(0, 0, ranks(T0), False)])
+    [(_, key, state)] = r0.flush().checkpoints
+    reasons = {}
+    for fmt in ("json", "arrow"):
+        r1 = _router(lookup={key: state}.get)
+        out = r1.process([_record(1, 0, ranks(T0 + S, nranks=8), fmt == "arrow")])
+        reasons[fmt] = [d.reason for d in out.deadletters]
+        assert r1.stats.restored == 1
+    assert reasons["arrow"] == reasons["json"] and "has 4 ranks" in reasons["json"][0]
+
+
+class _Fragile:
+    """A detector that fails on a batch holding seq 666, whichever way it is given."""
+
+    def observe(self, events: list[Event]) -> list[Any]:
+        if any(isinstance(e, OpEvent) and e.seq == 666 for e in events):
+            raise RuntimeError("boom")
+        return []
+
+    def observe_columns(self, cols: Any) -> list[Any]:
+        if (cols.int("seq") == 666).any():
+            raise RuntimeError("boom")
+        return []
+
+    def advance(self, now_us: int) -> list[Any]:
+        return []
+
+    def to_bytes(self) -> bytes:
+        return b""
+
+
+class _FragileEngine:
+    def new_detector(self, comm: str) -> _Fragile:
+        return _Fragile()
+
+
+@pytest.mark.parametrize("fmt", ["json", "arrow"])
+def test_a_detector_failure_dead_letters_only_the_message_it_failed_on(fmt: str) -> None:
+    r = _router(engine=_FragileEngine())
+    evs = [[op(0, T0, seq=1)], [op(1, T0, seq=666)], [op(2, T0, seq=2)]]
+    r.process([_record(i, 0, e, fmt == "arrow") for i, e in enumerate(evs)])
+    out = r.close_slices()
+    assert [(d.source, d.reason) for d in out.deadletters] == [
+        ("ev[0]@1", "detector error in communicator 0xa: RuntimeError: boom")
+    ]
+    assert r.stats.detector_errors == 1 and r.stats.events == 3
+
+
+def _router(engine: Any = None, lookup: Any = None) -> CommRouter:
+    return CommRouter(engine or CoreEngine(), lookup or (lambda key: None),
+                      checkpoint_every_events=10**9, checkpoint_every_s=1e9,
+                      advance_every_us=250_000, epoch=lambda: T0 / 1e6)  # fmt: skip
