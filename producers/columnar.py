@@ -1049,7 +1049,8 @@ class ColumnBlock:
     rows (message ``k`` owns rows ``starts[k]:starts[k+1]``), the numpy columns the core
     reads (:func:`core_arrays`), and each row's communicator and job as codes."""
 
-    __slots__ = ("arrays", "batch", "comm_codes", "comm_names", "job_codes", "job_names", "starts")
+    __slots__ = ("_codes", "arrays", "batch", "comm_codes", "comm_names", "job_codes",
+                 "job_names", "starts")  # fmt: skip
 
     def __init__(self, batch: pa.RecordBatch, starts: np.ndarray) -> None:
         self.batch = batch
@@ -1057,6 +1058,15 @@ class ColumnBlock:
         self.arrays = core_arrays(batch)
         self.comm_codes, self.comm_names = _codes(batch.column("comm"))
         self.job_codes, self.job_names = _codes(batch.column("job"))
+        self._codes: dict[str, tuple[np.ndarray, list[str]]] = {}
+
+    def codes(self, name: str) -> tuple[np.ndarray, list[str]]:
+        """A string column as integer codes per row and the distinct values (nulls as
+        ``""``), computed once."""
+        got = self._codes.get(name)
+        if got is None:
+            got = self._codes[name] = _codes(pc.fill_null(self.batch.column(name), ""))
+        return got
 
     def __len__(self) -> int:
         return len(self.starts) - 1

@@ -124,20 +124,145 @@ class _BlockFacts:
         self.ts_max: list[int] = np.maximum.reduceat(ts, st).tolist()
 
 
-class _BlockRows:
-    """The per-row values corroboration reads, as Python lists (built once per batch)."""
+ProgressState = dict[str, dict[int, tuple[int, int]]]
+"""Communicator -> rank -> (started, completed) of its newest heartbeat."""
+OpState = dict[str, dict[tuple[int, str], tuple[int, float]]]
+"""Communicator -> (rank, op) -> (seq, exec_us) of its newest completed op."""
 
-    __slots__ = ("completed", "exec_us", "is_op", "op", "rank", "seq", "started", "ts")
 
-    def __init__(self, block: ColumnBlock) -> None:
-        self.is_op: list[bool] = block.is_op.tolist()
-        self.rank: list[int] = block.column("rank").tolist()
-        self.ts: list[int] = block.column("ts_us").tolist()
-        self.seq: list[int] = block.column("seq").tolist()
-        self.exec_us: list[float] = block.column("exec_us").tolist()
-        self.started: list[int] = block.column("started").tolist()
-        self.completed: list[int] = block.column("completed").tolist()
-        self.op: list[str | None] = block.batch.column("op").to_pylist()
+class _Corroboration:
+    """The corroboration checks (:meth:`CommRouter._check_counters`, ``_check_op``) of a
+    consumer batch's Arrow rows, vectorized, with the outcome of checking them row by row
+    in message order.
+
+    Rows are grouped by what a check compares: (communicator, rank) for heartbeats,
+    (communicator, rank, op) for ops. A group whose rows only grow (heartbeat counters
+    never go back, seq strictly increases) and whose first row does not go back from
+    the state before the batch cannot contradict anything, whichever of its messages
+    are accepted: no check runs per row, and its state becomes its last accepted row
+    when the batch ends (:meth:`commit`). Every other row — a group that goes back or
+    repeats a seq, or a communicator also fed as objects in this batch — is checked row
+    by row in message order (:attr:`exact`), exactly as the object path does.
+    """
+
+    __slots__ = ("any_exact", "exact", "_block", "_op_groups", "_ops", "_pr_groups",
+                 "_progress")  # fmt: skip
+
+    def __init__(
+        self, block: ColumnBlock, progress: ProgressState, ops: OpState, objects: set[str]
+    ) -> None:
+        self._block, self._progress, self._ops = block, progress, ops
+        cc, rank, is_op = block.comm_codes, block.column("rank"), block.is_op
+        n = len(cc)
+        exact = np.zeros(n, bool)
+        if objects:  # the object path reads and moves these communicators' state too
+            codes = [i for i, c in enumerate(block.comm_names) if c in objects]
+            exact |= np.isin(cc, codes)
+        width = int(rank.max()) + 1 if n else 1
+        started, completed = block.column("started"), block.column("completed")
+        pr = np.flatnonzero(~is_op & ~exact)
+        self._pr_groups = self._groups(
+            pr, cc[pr] * width + rank[pr], exact,
+            lambda a, b: (started[b] < started[a]) | (completed[b] < completed[a]),
+            self._progress_goes_back,
+        )  # fmt: skip
+        op_codes, op_names = _op_codes(block)
+        seq = block.column("seq")
+        po = np.flatnonzero(is_op & ~exact)
+        self._op_groups = self._groups(
+            po, (cc[po] * width + rank[po]) * max(1, len(op_names)) + op_codes[po], exact,
+            lambda a, b: seq[b] <= seq[a],
+            lambda r: self._op_repeats(r, op_names),
+        )  # fmt: skip
+        self.exact = exact
+        """Per row: checked row by row (in message order) by the caller."""
+        self.any_exact: list[bool] = np.logical_or.reduceat(exact, block.starts[:-1]).tolist()
+
+    @staticmethod
+    def _groups(
+        rows: np.ndarray,
+        key: np.ndarray,
+        exact: np.ndarray,
+        back: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        first_back: Callable[[np.ndarray], list[bool]],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows sorted by group (stable: message order within a group) and each row's
+        group start flag, after marking in ``exact`` every row of a group that goes back
+        within the batch (``back(earlier, later)`` of consecutive rows) or whose first row
+        goes back from the state (``first_back``)."""
+        order = np.argsort(key, kind="stable")
+        rows, key = rows[order], key[order]
+        start = np.ones(len(rows), bool)
+        start[1:] = key[1:] != key[:-1]
+        bad = np.zeros(len(rows), bool)
+        bad[1:] = ~start[1:] & back(rows[:-1], rows[1:])
+        firsts = np.flatnonzero(start)
+        bad[firsts] |= np.asarray(first_back(rows[firsts]), bool)
+        if bad.any():
+            group = np.cumsum(start) - 1
+            bad = np.isin(group, group[bad])
+            exact[rows[bad]] = True
+            return rows[~bad], start[~bad]
+        return rows, start
+
+    def _progress_goes_back(self, rows: np.ndarray) -> list[bool]:
+        """Per row: its heartbeat goes back from its rank's state before the batch."""
+        b, state = self._block, self._progress
+        names, out = b.comm_names, []
+        for c, r, st, cp in zip(b.comm_codes[rows].tolist(), b.column("rank")[rows].tolist(),
+                                b.column("started")[rows].tolist(),
+                                b.column("completed")[rows].tolist(), strict=True):  # fmt: skip
+            last = state.get(names[c])
+            last = last.get(r) if last else None
+            out.append(last is not None and (st < last[0] or cp < last[1]))
+        return out
+
+    def _op_repeats(self, rows: np.ndarray, ops: list[str]) -> list[bool]:
+        """Per row: its seq is not beyond its rank's and op's state before the batch."""
+        b, state = self._block, self._ops
+        names, codes, out = b.comm_names, _op_codes(b)[0], []
+        for c, r, o, q in zip(b.comm_codes[rows].tolist(), b.column("rank")[rows].tolist(),
+                              codes[rows].tolist(), b.column("seq")[rows].tolist(),
+                              strict=True):  # fmt: skip
+            last = state.get(names[c])
+            last = last.get((r, ops[o])) if last else None
+            out.append(last is not None and q <= last[0])
+        return out
+
+    def commit(self, accepted: np.ndarray) -> None:
+        """The state after the batch: each group's last accepted row (``accepted``: per
+        message of the block)."""
+        b = self._block
+        row_ok = np.repeat(accepted, np.diff(b.starts))
+        names = b.comm_names
+        cc, rank = b.comm_codes, b.column("rank")
+        for (rows, start), is_op in ((self._pr_groups, False), (self._op_groups, True)):
+            ok = row_ok[rows]
+            if not ok.any():
+                continue
+            group = np.cumsum(start) - 1
+            rows, group = rows[ok], group[ok]
+            last = np.ones(len(rows), bool)
+            last[:-1] = group[1:] != group[:-1]
+            lr = rows[last]
+            comms = [names[c] for c in cc[lr].tolist()]
+            ranks = rank[lr].tolist()
+            if is_op:
+                codes, opn = _op_codes(b)
+                seqs, execs = b.column("seq")[lr].tolist(), b.column("exec_us")[lr].tolist()
+                for c, r, o, q, x in zip(
+                    comms, ranks, codes[lr].tolist(), seqs, execs, strict=True
+                ):
+                    self._ops.setdefault(c, {})[(r, opn[o])] = (q, x)
+            else:
+                st, cp = b.column("started")[lr].tolist(), b.column("completed")[lr].tolist()
+                for c, r, a, d in zip(comms, ranks, st, cp, strict=True):
+                    self._progress.setdefault(c, {})[r] = (a, d)
+
+
+def _op_codes(block: ColumnBlock) -> tuple[np.ndarray, list[str]]:
+    """The ``op`` column as codes per row (progress rows: the code of "")."""
+    return block.codes("op")
 
 
 @dataclass(frozen=True)
@@ -294,10 +419,8 @@ class CommRouter(StateRunner[str]):
         """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
         self._accepted_at: dict[Lane, float] = {}
         """Lane -> wall time (``clock``) of the last message accepted."""
-        self._progress: dict[str, dict[int, tuple[int, int]]] = {}
-        """Communicator -> rank -> (started, completed) of its newest heartbeat."""
-        self._ops: dict[str, dict[tuple[int, str], tuple[int, float]]] = {}
-        """Communicator -> (rank, op) -> (seq, exec_us) of its newest completed op."""
+        self._progress: ProgressState = {}
+        self._ops: OpState = {}
         self.contested: dict[str, tuple[int, str]] = {}
         """Communicator -> (event time until which its verdicts are alert-only, why)."""
 
@@ -387,17 +510,22 @@ class CommRouter(StateRunner[str]):
         # a catch-up batch spanning minutes of event time is judged slice by slice, and a
         # slice spread over many small batches is judged at once, like offline.
         items, block = self._decode(records)
-        facts = rows = None
+        if block is not None:
+            facts = _BlockFacts(block)
+            # communicators also fed as objects in this batch are corroborated row by row
+            objects = {ev.comm for x in items if isinstance(x, list) for ev in x}
+            objects.update(c for c, plain in zip(facts.comm, facts.plain, strict=True) if not plain)
+            checks = _Corroboration(block, self._progress, self._ops, objects)
+            accepted = np.zeros(len(block), bool)
         for rec, item in zip(records, items, strict=True):
             if isinstance(item, EventDecodeError):
                 out.deadletters.append(dead_letter(rec, f"undecodable message: {item}"))
             elif isinstance(item, int):
-                assert block is not None
-                facts = facts or _BlockFacts(block)
-                rows = rows or _BlockRows(block)
-                self._accept_rows(rec, block, item, facts, rows, out)
+                accepted[item] = self._accept_rows(rec, block, item, facts, checks, out)  # type: ignore[arg-type]
             else:
                 self._accept(rec, item, out)
+        if block is not None:
+            checks.commit(accepted)
         for lane in [lane for lane in self.clock_us if lane[0] in settle]:
             groups = self.pending.pop(lane, None)
             if groups:
@@ -431,13 +559,14 @@ class CommRouter(StateRunner[str]):
                 )
         return items, block
 
-    def _accept(self, rec: Record, events: list[Event], out: Output) -> None:
+    def _accept(self, rec: Record, events: list[Event], out: Output) -> bool:
         """A message as event objects: dead-lettered with the reason if the contract or
-        the edge limits refuse it, else corroborated and put into its lanes' slices."""
+        the edge limits refuse it (False), else corroborated and put into its lanes'
+        slices (True)."""
         problem = contract_problem(events) or self._admission_problem(rec.partition, events)
         if problem is not None:
             out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
-            return
+            return False
         self.stats.events += len(events)
         now = self.wall()
         for ev in events:
@@ -456,6 +585,7 @@ class CommRouter(StateRunner[str]):
                 per_comm.setdefault(ev.comm, []).append(ev)
             for comm, evs in per_comm.items():
                 self._take(rec, comm, evs[0].job, evs, out)
+        return True
 
     def _accept_rows(
         self,
@@ -463,37 +593,48 @@ class CommRouter(StateRunner[str]):
         block: ColumnBlock,
         k: int,
         facts: _BlockFacts,
-        rows: _BlockRows,
+        checks: _Corroboration,
         out: Output,
-    ) -> None:
+    ) -> bool:
         """An Arrow message as columns: the same outcome as :meth:`_accept` of its events,
         without an object per event. Its admission is decided from per-message minima and
         maxima (the rules compare every row with one bound); only a refused message is
         turned into objects, so that its dead letter names the row as the object path
-        does. A message of several communicators or jobs goes through the object path."""
+        does. A message of several communicators or jobs goes through the object path.
+        Whether it was accepted (its rows then count for corroboration)."""
         s, e = int(block.starts[k]), int(block.starts[k + 1])
         if not facts.plain[k]:
-            self._accept(rec, table_events(block.batch.slice(s, e - s)), out)
-            return
+            return self._accept(rec, table_events(block.batch.slice(s, e - s)), out)
         comm, job, p = facts.comm[k], facts.job[k], rec.partition
         if not self._admissible(p, comm, job, facts, k):
             events = table_events(block.batch.slice(s, e - s))
             problem = contract_problem(events) or self._admission_problem(p, events)
             if problem is None:  # a bound stricter than the rules: they decide
-                self._accept(rec, events, out)
-            else:
-                out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
-            return
+                return self._accept(rec, events, out)
+            out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
+            return False
         self.stats.events += e - s
         self._accepted_at[(p, job)] = self.wall()
         self.sizes.setdefault(comm, facts.nr_first[k])
-        is_op, rank, ts = rows.is_op, rows.rank, rows.ts
-        for i in range(s, e):
-            if is_op[i]:
-                self._check_op(comm, rank[i], rows.op[i], rows.seq[i], rows.exec_us[i], ts[i])  # type: ignore[arg-type]
-            else:
-                self._check_counters(comm, rank[i], rows.started[i], rows.completed[i], ts[i])
+        if checks.any_exact[k]:
+            self._check_rows(comm, block, np.flatnonzero(checks.exact[s:e]) + s)
         self._take(rec, comm, job, (block, s, e), out, e - s, facts.ts_max[k])
+        return True
+
+    def _check_rows(self, comm: str, block: ColumnBlock, rows: np.ndarray) -> None:
+        """The corroboration checks of Arrow rows ``rows``, one by one, in order."""
+        codes, names = _op_codes(block)
+        col = block.column
+        for i, is_op, rank, ts in zip(rows.tolist(), block.is_op[rows].tolist(),
+                                      col("rank")[rows].tolist(), col("ts_us")[rows].tolist(),
+                                      strict=True):  # fmt: skip
+            if is_op:
+                op, seq, ex = names[codes[i]], int(col("seq")[i]), float(col("exec_us")[i])
+                self._check_op(comm, rank, op, seq, ex, ts)
+            else:
+                self._check_counters(
+                    comm, rank, int(col("started")[i]), int(col("completed")[i]), ts
+                )
 
     def _admissible(self, p: int, comm: str, job: str, facts: _BlockFacts, k: int) -> bool:
         """Whether :meth:`_admission_problem` (and ``contract_problem``) would pass message
