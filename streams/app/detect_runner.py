@@ -158,11 +158,10 @@ class _Corroboration:
         if objects:  # the object path reads and moves these communicators' state too
             codes = [i for i, c in enumerate(block.comm_names) if c in objects]
             exact |= np.isin(cc, codes)
-        width = int(rank.max()) + 1 if n else 1
         started, completed = block.column("started"), block.column("completed")
         pr = np.flatnonzero(~is_op & ~exact)
         self._pr_groups = self._groups(
-            pr, cc[pr] * width + rank[pr], exact,
+            pr, (cc[pr], rank[pr]), exact,
             lambda a, b: (started[b] < started[a]) | (completed[b] < completed[a]),
             self._progress_goes_back,
         )  # fmt: skip
@@ -170,7 +169,7 @@ class _Corroboration:
         seq = block.column("seq")
         po = np.flatnonzero(is_op & ~exact)
         self._op_groups = self._groups(
-            po, (cc[po] * width + rank[po]) * max(1, len(op_names)) + op_codes[po], exact,
+            po, (cc[po], rank[po], op_codes[po]), exact,
             lambda a, b: seq[b] <= seq[a],
             lambda r: self._op_repeats(r, op_names),
         )  # fmt: skip
@@ -181,7 +180,7 @@ class _Corroboration:
     @staticmethod
     def _groups(
         rows: np.ndarray,
-        key: np.ndarray,
+        keys: tuple[np.ndarray, ...],
         exact: np.ndarray,
         back: Callable[[np.ndarray, np.ndarray], np.ndarray],
         first_back: Callable[[np.ndarray], list[bool]],
@@ -190,10 +189,13 @@ class _Corroboration:
         group start flag, after marking in ``exact`` every row of a group that goes back
         within the batch (``back(earlier, later)`` of consecutive rows) or whose first row
         goes back from the state (``first_back``)."""
-        order = np.argsort(key, kind="stable")
-        rows, key = rows[order], key[order]
+        order = np.lexsort(keys[::-1])  # stable: message order within a group
+        rows = rows[order]
         start = np.ones(len(rows), bool)
-        start[1:] = key[1:] != key[:-1]
+        start[1:] = False
+        for key in keys:
+            k = key[order]
+            start[1:] |= k[1:] != k[:-1]
         bad = np.zeros(len(rows), bool)
         bad[1:] = ~start[1:] & back(rows[:-1], rows[1:])
         firsts = np.flatnonzero(start)
