@@ -142,7 +142,10 @@ class _Corroboration:
     are accepted: no check runs per row, and its state becomes its last accepted row
     when the batch ends (:meth:`commit`). Every other row — a group that goes back or
     repeats a seq, or a communicator also fed as objects in this batch — is checked row
-    by row in message order (:attr:`exact`), exactly as the object path does.
+    by row in message order (:attr:`exact`), exactly as the object path does. (Arrow
+    messages that go through the object path — several communicators, or refused by a
+    bound but not by the rules — are rows of the block too: a group that only grows
+    stays so whichever path checks its rows.)
     """
 
     __slots__ = ("any_exact", "exact", "_block", "_op_groups", "_ops", "_pr_groups",
@@ -155,7 +158,7 @@ class _Corroboration:
         cc, rank, is_op = block.comm_codes, block.column("rank"), block.is_op
         n = len(cc)
         exact = np.zeros(n, bool)
-        if objects:  # the object path reads and moves these communicators' state too
+        if objects:  # JSON rows of theirs, not in the block, read and move their state
             codes = [i for i, c in enumerate(block.comm_names) if c in objects]
             exact |= np.isin(cc, codes)
         started, completed = block.column("started"), block.column("completed")
@@ -514,9 +517,8 @@ class CommRouter(StateRunner[str]):
         items, block = self._decode(records)
         if block is not None:
             facts = _BlockFacts(block)
-            # communicators also fed as objects in this batch are corroborated row by row
+            # communicators also in this batch's JSON messages are corroborated row by row
             objects = {ev.comm for x in items if isinstance(x, list) for ev in x}
-            objects.update(c for c, plain in zip(facts.comm, facts.plain, strict=True) if not plain)
             checks = _Corroboration(block, self._progress, self._ops, objects)
             accepted = np.zeros(len(block), bool)
         for rec, item in zip(records, items, strict=True):

@@ -74,6 +74,8 @@ MESSAGES: list[tuple[float, int, list[Event]]] = [
     (1, 0, [op(2, T0 + 6 * S, seq=4_006_500, exec_us=700.0, comm="0xb")]),  # other duration
     (1, 0, [op(3, T0 + 7 * S, seq=4_007_600, **K), op(2, T0 + 7 * S, seq=4_007_400, **K)]),
     (1, 0, [op(2, T0 + 7 * S, seq=4_007_300, **K)]),  # seq goes back
+    (1, 0, [op(3, T0 + 8 * S, seq=4_008_000, comm="0xf"), op(3, T0 + 8 * S, seq=4_008_000)]),
+    (1, 0, [op(3, T0 + 8 * S, seq=4_007_900, comm="0xf")]),  # behind the two-comm message
     (1, 0, ranks(T0 + 40 * S)),
     (1, 0, ranks(T0 + 41 * S)),
     (1, 0, ranks(T0 + 20 * S, seq=4_050_000)),  # late: 0xa was judged up to T0 + 40 s
@@ -138,7 +140,8 @@ def test_objects_and_columns_get_the_same_admission_outcome(fmt: str, split: boo
         assert sum(needle in x for x in reasons) == 1, needle
     assert len(reasons) == 10
     why = {comm: w for comm, (_, w) in want["contested"].items()}
-    assert set(why) == {"0xa", "0xb", "0xd"}
+    assert set(why) == {"0xa", "0xb", "0xd", "0xf"}
+    assert "went back from seq 4008000 to 4007900" in why["0xf"]
     assert "heartbeat went back" in why["0xa"] and "different durations" in why["0xb"]
     assert "went back from seq 4007400 to 4007300" in why["0xd"]
     assert want["clock_us"][(0, "j")] == T0 + 1301 * S and (1, "j") in want["clock_us"]
