@@ -7,7 +7,11 @@ ready and the 8 partitions are spread over them, the trace's lines (one message 
 encoded beforehand as JSON or Arrow) are produced as fast as the producer goes, and the
 clock runs from the first message sent until the workers' ``status.json`` counters
 have every event. Rate = events / seconds; the table also shows how long producing
-took (if it is close to the total, the producer, not the workers, set the pace).
+took (if it is close to the total, the producer, not the workers, set the pace), the
+CPU seconds the workers used meanwhile (Linux ``/proc``), events per worker CPU-second
+(what a worker with a core of its own would do, less dependent on the machine's load)
+and the share of that CPU the detect runner spent decoding, checking and judging (its
+``process_s`` counter in ``status.json``; the rest is Kafka, Faust and correlation).
 
 The JSON parse rate of the same trace (msgspec, one JSON value per line, no objects
 built; :func:`bench.bench_columnar.json_parse_rate`) is measured in the same run; the
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 import time
@@ -76,6 +81,23 @@ def _processed(workers: list[WorkerProcess]) -> int:
     return sum(w.status().get("detect", {}).get("events", 0) for w in workers)
 
 
+def _detect_s(workers: list[WorkerProcess]) -> float:
+    """CPU seconds the workers' detect runners spent decoding, checking and judging."""
+    return sum(w.status().get("detect", {}).get("process_s", 0.0) for w in workers)
+
+
+def _cpu_s(workers: list[WorkerProcess]) -> float | None:
+    """CPU seconds the worker processes used so far (Linux ``/proc``; None elsewhere)."""
+    total = 0.0
+    try:
+        for w in workers:
+            fields = Path(f"/proc/{w.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
 def _messages(trace: Path, fmt: str) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
     """(key, value, headers) per trace line, encoded before the clock starts."""
     out = []
@@ -113,6 +135,7 @@ def run(bootstrap: str, trace: Path, tmp: Path, fmt: str, n_workers: int) -> dic
                 **{"linger.ms": 20, "queue.buffering.max.messages": 1_000_000}
             )
         )
+        cpu0, det0 = _cpu_s(workers), _detect_s(workers)
         t0 = time.monotonic()
         for key, value, headers in msgs:
             producer.produce(topics.events, value=value, key=key, headers=headers or None)
@@ -123,6 +146,9 @@ def run(bootstrap: str, trace: Path, tmp: Path, fmt: str, n_workers: int) -> dic
         while time.monotonic() < deadline and _processed(workers) < total:
             time.sleep(0.02)
         seconds = time.monotonic() - t0
+        cpu1 = _cpu_s(workers)
+        cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+        detect_s = _detect_s(workers) - det0
         done = _processed(workers)
         share = [w.status().get("detect", {}).get("events", 0) for w in workers]
     finally:
@@ -138,6 +164,8 @@ def run(bootstrap: str, trace: Path, tmp: Path, fmt: str, n_workers: int) -> dic
         "rate": done / seconds if seconds > 0 else 0.0,
         "complete": done >= total,
         "share": share,
+        "cpu_s": cpu,
+        "detect_s": detect_s,
     }
 
 
@@ -192,9 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         f"c4.events with {PARTITIONS} partitions; {load0} at start, {load1} at end. "
         f"JSON parse rate of the same trace: {parse:,.0f} events/s (one core)."
     )
-    print("| input | workers | events/msg | events | produced in s | seconds | events/s "
-          "| × parse | events per worker | target | result |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
+    print("| input | workers | events/msg | events | produced in s | seconds | events/s | × parse "
+          "| events per worker | worker CPU s | events per CPU s | in detection | target "
+          "| result |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
     one_arrow = next(r for r in rows if r["format"] == "arrow" and r["workers"] == 1)
     for r in rows:
         ratio = r["rate"] / parse
@@ -204,10 +233,16 @@ def main(argv: list[str] | None = None) -> int:
             result = "met" if ratio >= 1 else "MISSED"
         if not r["complete"]:
             result += " (did not finish)"
+        cpu = per_cpu = share = "?"
+        if r["cpu_s"]:
+            cpu = f"{r['cpu_s']:.2f}"
+            per_cpu = f"{r['events'] / r['cpu_s']:,.0f}"
+            share = f"{r['detect_s'] / r['cpu_s']:.0%}"
         print(
             f"| {r['format']} | {r['workers']} | {r['events'] / max(1, r['messages']):.1f} | "
             f"{r['events']:,} | {r['sent_s']:.2f} | {r['seconds']:.2f} | {r['rate']:,.0f} | "
-            f"{ratio:.2f} | {' / '.join(f'{x:,}' for x in r['share'])} | {target} | {result} |"
+            f"{ratio:.2f} | {' / '.join(f'{x:,}' for x in r['share'])} | {cpu} | {per_cpu} | "
+            f"{share} | {target} | {result} |"
         )
     if lat is not None:
         ok = "met" if lat["p99_s"] <= 1.0 else "MISSED"

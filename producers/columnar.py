@@ -64,6 +64,7 @@ __all__ = [
     "ARROW_CONTENT_TYPE",
     "CONN_TYPE",
     "CONTENT_TYPE_HEADER",
+    "ColumnBlock",
     "EVENT_SCHEMA",
     "JSON_CONTENT_TYPE",
     "MAX_CONNS",
@@ -77,6 +78,7 @@ __all__ = [
     "content_type_of",
     "decode_arrow",
     "decode_events",
+    "decode_block",
     "decode_columns_many",
     "decode_events_many",
     "encode_arrow",
@@ -262,7 +264,7 @@ class EventColumns:
         comm: str,
         table: pa.RecordBatch | None = None,
         arrays: dict[str, np.ndarray] | None = None,
-        parts: list[pa.RecordBatch] | None = None,
+        parts: list[pa.RecordBatch | Taken] | None = None,
     ) -> None:
         self.comm = comm
         self._table = table
@@ -273,26 +275,35 @@ class EventColumns:
     def table(self) -> pa.RecordBatch:
         if self._table is None:
             assert self._parts is not None
-            batches = pa.Table.from_batches(self._parts).combine_chunks().to_batches()
-            self._table = batches[0]
+            parts = [_taken(p) for p in self._parts]
+            self._table = _one_batch(pa.Table.from_batches(parts)) if len(parts) > 1 else parts[0]
             self._parts = None
         return self._table
 
     @property
     def n(self) -> int:
         if self._table is None and self._parts is not None:
-            return sum(p.num_rows for p in self._parts)
+            return sum(
+                p.num_rows if isinstance(p, pa.RecordBatch) else len(p[1]) for p in self._parts
+            )
         return self.table.num_rows
+
+    def _first(self, name: str) -> Any:
+        """The first row's value of column ``name`` (without building the table)."""
+        if self._table is None and self._parts:
+            p = self._parts[0]
+            if isinstance(p, pa.RecordBatch):
+                return p.column(name)[0].as_py()
+            return p[0].column(name)[int(p[1][0])].as_py()
+        return self.table.column(name)[0].as_py()
 
     @property
     def job(self) -> str:
-        t = self._parts[0] if self._table is None and self._parts else self.table
-        return str(t.column("job")[0].as_py())
+        return str(self._first("job"))
 
     @property
     def comm_name(self) -> str | None:
-        t = self._parts[0] if self._table is None and self._parts else self.table
-        return t.column("comm_name")[0].as_py()
+        return self._first("comm_name")
 
     @property
     def is_op(self) -> np.ndarray:
@@ -365,10 +376,20 @@ class EventColumns:
             return parts[0]
         keys = set(parts[0]._np).intersection(*(p._np for p in parts[1:]))
         arrays = {k: np.concatenate([p._np[k] for p in parts]) for k in keys}
-        tables: list[pa.RecordBatch] = []
+        tables: list[pa.RecordBatch | Taken] = []
         for p in parts:
             tables += p._parts if p._table is None and p._parts else [p.table]
         return EventColumns(parts[0].comm, None, arrays, tables)
+
+
+Taken = tuple[pa.RecordBatch, np.ndarray]
+"""Rows ``idx`` of a record batch, taken when first read."""
+
+
+def _taken(part: pa.RecordBatch | Taken) -> pa.RecordBatch:
+    if isinstance(part, pa.RecordBatch):
+        return part
+    return part[0].take(pa.array(part[1], pa.int64()))
 
 
 _IS_OP = "__is_op"
@@ -449,10 +470,21 @@ class LazyEvents(Sequence[Event]):
 
     def _all(self) -> list[Event]:
         if self._events is None:
-            c = self._cols
-            table = c.table if isinstance(c, EventColumns) else c
-            self._events = _to_events(table.take(pa.array(self._idx, pa.int64())))
+            self._events = _to_events(self._source().take(pa.array(self._idx, pa.int64())))
         return self._events
+
+    def _source(self) -> pa.RecordBatch:
+        """The batch ``_idx`` indexes, without building a table of all rows when the
+        columns stand for rows of one batch (then ``_idx`` is mapped onto them)."""
+        c = self._cols
+        if not isinstance(c, EventColumns):
+            return c
+        parts = c._parts if c._table is None else None
+        if parts and len(parts) == 1 and not isinstance(parts[0], pa.RecordBatch):
+            batch, rows = parts[0]
+            self._cols, self._idx = batch, rows[self._idx]
+            return batch
+        return c.table
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._all())
@@ -716,25 +748,71 @@ def validate_table(table: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
 def _read_stream(data: bytes) -> pa.RecordBatch:
     if len(data) > MAX_MESSAGE_BYTES:
         raise EventDecodeError(f"message of {len(data)} bytes (limit {MAX_MESSAGE_BYTES})")
+    batches = _read_canonical(data)
+    if batches is None:
+        batches = _read_any(data)
+    rows = 0
+    for batch in batches:
+        # The IPC reader trusts offsets and lengths; a full validation first means a
+        # crafted batch is an error here, never an out-of-bounds read later.
+        try:
+            batch.validate(full=True)
+        except (pa.ArrowException, ValueError) as err:
+            raise EventDecodeError(f"not an Arrow IPC stream: {err}") from None
+        rows += batch.num_rows
+        if rows > MAX_ROWS:
+            raise EventDecodeError(f"more than {MAX_ROWS} rows in one message")
+    if len(batches) == 1:
+        return batches[0]
+    return _one_batch(pa.Table.from_batches(batches, schema=batches[0].schema))
+
+
+def _read_any(data: bytes) -> list[pa.RecordBatch]:
+    """Every record batch of an IPC stream, whatever its schema (the full reader)."""
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(data))
-        batches = []
-        rows = 0
-        for batch in reader:
-            # The IPC reader trusts offsets and lengths; a full validation first means a
-            # crafted batch is an error here, never an out-of-bounds read later.
-            batch.validate(full=True)
-            rows += batch.num_rows
-            if rows > MAX_ROWS:
-                raise EventDecodeError(f"more than {MAX_ROWS} rows in one message")
-            batches.append(batch)
-        if len(batches) == 1:
-            return batches[0]
-        return _one_batch(pa.Table.from_batches(batches, schema=reader.schema))
-    except EventDecodeError:
-        raise
-    except (pa.ArrowException, ValueError, OSError) as err:
+        return list(reader) or [pa.RecordBatch.from_pylist([], schema=reader.schema)]
+    except (pa.ArrowException, ValueError, OSError, IndexError) as err:
         raise EventDecodeError(f"not an Arrow IPC stream: {err}") from None
+
+
+def _schema_prefix() -> bytes:
+    """The schema message of :data:`EVENT_SCHEMA` as this encoder frames it (the first
+    bytes of every stream it writes)."""
+    data = _ipc([])
+    reader = pa.BufferReader(pa.py_buffer(data))
+    pa.ipc.read_message(reader)
+    return data[: reader.tell()]
+
+
+_SCHEMA_PREFIX = _schema_prefix()
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+"""The end-of-stream marker."""
+
+
+def _read_canonical(data: bytes) -> list[pa.RecordBatch] | None:
+    """The record batches of a stream whose schema message is byte for byte the one this
+    encoder writes, or None (then the full reader decides, and words any error).
+
+    Opening a stream reader parses the schema (24 fields) each time: about two thirds of
+    a small message's decoding. Here the schema is compared as bytes, and each batch is
+    read against the schema parsed once; a stream that holds anything but record batches
+    after it goes the long way."""
+    start = len(_SCHEMA_PREFIX)
+    if data[:start] != _SCHEMA_PREFIX:
+        return None
+    try:
+        reader = pa.BufferReader(pa.py_buffer(data))
+        reader.seek(start)
+        batches = []
+        while (pos := reader.tell()) < len(data) and data[pos : pos + 8] != _EOS:
+            msg = pa.ipc.read_message(reader)
+            if msg.type != "record batch":
+                return None
+            batches.append(pa.ipc.read_record_batch(msg, EVENT_SCHEMA))
+        return batches or None
+    except (pa.ArrowException, ValueError, OSError, EOFError):
+        return None
 
 
 def decode_arrow(data: bytes) -> list[EventColumns]:
@@ -847,18 +925,48 @@ def decode_events(data: bytes, content_type: bytes | str | None) -> list[Event]:
     return decode_message(data)
 
 
-def decode_events_many(
-    messages: Sequence[tuple[bytes, bytes | str | None]],
-) -> list[list[Event] | EventDecodeError]:
-    """Many messages (value, content type) → per message its events or its error.
+def _concat(batches: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+    """Batches of one schema as one (``pa.concat_batches`` where pyarrow has it, ≥ 19)."""
+    if len(batches) == 1:
+        return batches[0]
+    concat = getattr(pa, "concat_batches", None)
+    if concat is not None:
+        return concat(batches)
+    return _one_batch(pa.Table.from_batches(batches))
 
-    Same results as :func:`decode_events` one by one, cheaper for Arrow: a small batch
-    costs ~100 µs to validate and convert whatever its size, so the Arrow messages of a
-    consumer batch are validated and converted together (one pass over their
-    concatenated rows), and only when that pass finds a problem one by one, so the
-    error names the message it is in.
+
+class _Decoded:
+    """A consumer batch decoded: per message its events (JSON), its error, or None for an
+    Arrow message whose rows are ``arrow[k]``'s in ``whole`` (``starts[k]:starts[k+1]``)."""
+
+    __slots__ = ("arrow", "out", "starts", "whole")
+
+    def __init__(
+        self,
+        out: list[list[Event] | EventDecodeError | None],
+        arrow: list[tuple[int, pa.RecordBatch]],
+        whole: pa.RecordBatch | None = None,
+    ) -> None:
+        self.out = out
+        self.arrow = [i for i, _ in arrow]
+        if whole is None and arrow:
+            whole = _concat([b for _, b in arrow])
+        self.whole = whole
+        self.starts = np.zeros(len(arrow) + 1, np.int64)
+        np.cumsum([b.num_rows for _, b in arrow], out=self.starts[1:])
+
+
+def _decode_many(messages: Sequence[tuple[bytes, bytes | str | None]]) -> _Decoded:
+    """The one decoding pass behind :func:`decode_events_many`, :func:`decode_columns_many`
+    and :func:`decode_block`.
+
+    A small batch costs ~100 µs to validate and convert whatever its size, so the Arrow
+    messages of a consumer batch are validated together (one pass over their concatenated
+    rows), and only when that pass finds a problem one by one, so the error names the
+    message it is in. Oversize, truncated or crafted messages are refused by
+    :func:`_read_stream` before any of their values is read.
     """
-    out: list[list[Event] | EventDecodeError] = [[] for _ in messages]
+    out: list[list[Event] | EventDecodeError | None] = [None] * len(messages)
     arrow: list[tuple[int, pa.RecordBatch]] = []
     for i, (data, ct) in enumerate(messages):
         try:
@@ -871,26 +979,35 @@ def decode_events_many(
                 out[i] = decode_message(data)
         except EventDecodeError as err:
             out[i] = err
-    canonical = [(i, b) for i, b in arrow if b.schema.equals(EVENT_SCHEMA)]
-    others = [(i, b) for i, b in arrow if not b.schema.equals(EVENT_SCHEMA)]
-    if len(canonical) > 1:
-        whole = _one_batch(pa.Table.from_batches([b for _, b in canonical]))
+    if len(arrow) > 1 and all(b.schema.equals(EVENT_SCHEMA) for _, b in arrow):
         try:
-            events = _to_events(validate_table(whole))
+            whole = validate_table(_concat([b for _, b in arrow]))
         except EventDecodeError:
-            others += canonical  # find the bad message(s) one by one
+            pass  # find the bad message(s) one by one below
         else:
-            k = 0
-            for i, b in canonical:
-                out[i] = events[k : k + b.num_rows]
-                k += b.num_rows
-    else:
-        others += canonical
-    for i, b in others:
+            return _Decoded(out, arrow, whole)
+    good = []
+    for i, b in arrow:
         try:
-            out[i] = _to_events(validate_table(b))
+            good.append((i, validate_table(b)))
         except EventDecodeError as err:
             out[i] = err
+    return _Decoded(out, good)
+
+
+def decode_events_many(
+    messages: Sequence[tuple[bytes, bytes | str | None]],
+) -> list[list[Event] | EventDecodeError]:
+    """Many messages (value, content type) → per message its events or its error: the
+    same results as :func:`decode_events` one by one, cheaper for Arrow (one validation
+    and one conversion for all the batch's Arrow rows)."""
+    d = _decode_many(messages)
+    out: list[list[Event] | EventDecodeError] = [x if x is not None else [] for x in d.out]
+    if d.whole is not None:
+        events = _to_events(d.whole)
+        bounds = d.starts.tolist()
+        for k, i in enumerate(d.arrow):
+            out[i] = events[bounds[k] : bounds[k + 1]]
     return out
 
 
@@ -901,46 +1018,109 @@ def decode_columns_many(
     :class:`EventColumns` per communicator, in order of first appearance): the batch's
     Arrow rows are validated together and turned into numpy once; each message's
     columns are views of those arrays. JSON messages come out as event objects."""
-    out: list[list[Event] | list[EventColumns] | EventDecodeError] = [[] for _ in messages]
-    arrow: list[tuple[int, pa.RecordBatch]] = []
-    for i, (data, ct) in enumerate(messages):
-        try:
-            if is_arrow(ct, data):
-                batch = _read_stream(data)
-                if batch.num_rows == 0:
-                    raise EventDecodeError("empty message: no events")
-                arrow.append((i, batch))
-            else:
-                out[i] = decode_message(data)
-        except EventDecodeError as err:
-            out[i] = err
-    if not arrow:
-        return out
-    whole: pa.RecordBatch | None = None
-    if all(b.schema.equals(EVENT_SCHEMA) for _, b in arrow):
-        try:
-            whole = validate_table(_one_batch(pa.Table.from_batches([b for _, b in arrow])))
-        except EventDecodeError:
-            whole = None  # find the bad message(s) one by one below
-    if whole is None:
-        for i, b in arrow:
-            try:
-                out[i] = split_by_comm(validate_table(b))
-            except EventDecodeError as err:
-                out[i] = err
-        return out
-    arrays = core_arrays(whole)
-    enc = pc.dictionary_encode(whole.column("comm"))
-    codes = np.asarray(enc.indices.to_numpy(), np.int64)
-    names = enc.dictionary.to_pylist()
-    start = 0
-    for i, b in arrow:
-        end = start + b.num_rows
-        part = whole.slice(start, b.num_rows)
-        c = codes[start:end]
-        if c.min() == c.max():
-            out[i] = [EventColumns(names[c[0]], part, slice_arrays(arrays, start, end))]
+    items, block = decode_block(messages)
+    out: list[list[Event] | list[EventColumns] | EventDecodeError] = []
+    for x in items:
+        if isinstance(x, int):
+            assert block is not None
+            out.append(block.message_columns(x))
         else:
-            out[i] = split_by_comm(part)
-        start = end
+            out.append(x)
     return out
+
+
+def decode_block(
+    messages: Sequence[tuple[bytes, bytes | str | None]],
+) -> tuple[list[list[Event] | EventDecodeError | int], ColumnBlock | None]:
+    """A consumer batch (value, content type per message) for the worker: per message
+    its events (JSON), its error, or for an Arrow message its index ``k`` in the returned
+    :class:`ColumnBlock`, which holds every good Arrow row of the batch as numpy columns
+    (no object per event)."""
+    d = _decode_many(messages)
+    items: list[list[Event] | EventDecodeError | int] = [x if x is not None else [] for x in d.out]
+    for k, i in enumerate(d.arrow):
+        items[i] = k
+    block = ColumnBlock(d.whole, d.starts) if d.whole is not None else None
+    return items, block
+
+
+class ColumnBlock:
+    """The good Arrow messages of one consumer batch: one validated record batch of their
+    rows (message ``k`` owns rows ``starts[k]:starts[k+1]``), the numpy columns the core
+    reads (:func:`core_arrays`), and each row's communicator and job as codes."""
+
+    __slots__ = ("_codes", "arrays", "batch", "comm_codes", "comm_names", "job_codes",
+                 "job_names", "starts")  # fmt: skip
+
+    def __init__(self, batch: pa.RecordBatch, starts: np.ndarray) -> None:
+        self.batch = batch
+        self.starts = starts
+        self.arrays = core_arrays(batch)
+        self.comm_codes, self.comm_names = _codes(batch.column("comm"))
+        self.job_codes, self.job_names = _codes(batch.column("job"))
+        self._codes: dict[str, tuple[np.ndarray, list[str]]] = {}
+
+    def codes(self, name: str) -> tuple[np.ndarray, list[str]]:
+        """A string column as integer codes per row and the distinct values (nulls as
+        ``""``), computed once."""
+        got = self._codes.get(name)
+        if got is None:
+            got = self._codes[name] = _codes(pc.fill_null(self.batch.column(name), ""))
+        return got
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def column(self, name: str) -> np.ndarray:
+        """A per-row column of :func:`core_arrays` (``rank``, ``nranks``, ``ts_us``, …;
+        nulls as -1 / 0.0)."""
+        rows = self.arrays[0]
+        return rows[f"{name}:-1"] if f"{name}:-1" in rows else rows[f"{name}:0.0"]
+
+    @property
+    def is_op(self) -> np.ndarray:
+        return self.arrays[0][_IS_OP]
+
+    def conns(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every connection's peer (flat, in row order) and the row offsets into it."""
+        return self.arrays[1][_CPEER], self.arrays[1][_COFF]
+
+    def message_columns(self, k: int) -> list[EventColumns]:
+        """Message ``k``'s rows, one :class:`EventColumns` per communicator (in order of
+        first appearance), as views of the block's arrays when it has one."""
+        s, e = int(self.starts[k]), int(self.starts[k + 1])
+        c = self.comm_codes[s:e]
+        if c.min() == c.max():
+            return [self.columns(self.comm_names[c[0]], [(s, e)])]
+        return split_by_comm(self.batch.slice(s, e - s))
+
+    def columns(self, comm: str, spans: Sequence[tuple[int, int]]) -> EventColumns:
+        """Rows ``start:end`` of each span, in order, as one communicator's columns (all
+        rows must be ``comm``'s)."""
+        if len(spans) == 1:
+            s, e = spans[0]
+            return EventColumns(
+                comm, None, slice_arrays(self.arrays, s, e), [self.batch.slice(s, e - s)]
+            )
+        rows, conns = self.arrays
+        se = np.asarray(spans, np.int64)
+        idx = _spans_index(se[:, 0], se[:, 1])
+        arrays = {k: a[idx] for k, a in rows.items()}
+        off = conns[_COFF]
+        cidx = _spans_index(off[se[:, 0]], off[se[:, 1]])
+        arrays.update({k: conns[k][cidx] for k in _CONN_KEYS})
+        return EventColumns(comm, None, arrays, [(self.batch, idx)])
+
+
+def _spans_index(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The indexes ``start:end`` of every span, concatenated (no Python loop)."""
+    lens = ends - starts
+    before = np.zeros(len(lens), np.int64)
+    np.cumsum(lens[:-1], out=before[1:])
+    return np.repeat(starts - before, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+
+
+def _codes(col: pa.Array) -> tuple[np.ndarray, list[str]]:
+    """A string column as integer codes per row and the distinct values."""
+    enc = pc.dictionary_encode(col)
+    return np.asarray(enc.indices.to_numpy(), np.int64), enc.dictionary.to_pylist()

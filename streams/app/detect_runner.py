@@ -2,7 +2,9 @@
 
 :class:`CommRouter` decodes each message (a JSON array, or an Arrow IPC batch marked by its
 ``content-type`` header), dead-letters what breaks the contract, groups
-events by communicator, feeds each communicator's detector one batch, and advances every
+events by communicator, feeds each communicator's detector one batch (JSON messages as
+event objects; Arrow messages as numpy columns, checked and judged without an object per
+event, with the same outcomes and dead-letter reasons), and advances every
 communicator of a job in a partition whenever that job's event-time clock there (max
 ``ts_us`` seen: a *lane* per partition and job) moves on by ``advance_every_us``, so a
 collective that stops completing is noticed while heartbeats keep arriving, and a job
@@ -21,9 +23,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
+import pyarrow.compute as pc
 
-from producers.columnar import decode_events_many
-from producers.events import Event, EventDecodeError, OpEvent, ProgressEvent
+from producers.columnar import ColumnBlock, EventColumns, decode_block, table_events
+from producers.events import Event, EventDecodeError, ProgressEvent
 from producers.guard import (
     MAX_DEPTH,
     MAX_FUTURE_SKEW_US,
@@ -41,9 +45,261 @@ __all__ = ["CommRouter", "EdgeLimits", "Lane", "contract_problem", "unwrap_state
 
 log = logging.getLogger(__name__)
 
-Slice = dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]]
-"""An open event-time slice of one lane, by communicator:
-comm -> (its events, (record, its events) per message)."""
+Rows = tuple[ColumnBlock, int, int]
+"""Rows ``start:end`` of a consumer batch's Arrow messages (one message, one communicator)."""
+
+Part = list[Event] | Rows
+"""One communicator's events of one message: objects (JSON), or rows of Arrow columns."""
+
+
+class _Group:
+    """One communicator's events in its lane's open event-time slice, message by message."""
+
+    __slots__ = ("n", "parts", "top")
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[Record, Part]] = []
+        self.n = 0
+        self.top = -1
+        """Newest ``ts_us`` of its events."""
+
+    def add(self, rec: Record, part: Part, n: int, top: int) -> None:
+        self.parts.append((rec, part))
+        self.n += n
+        if top > self.top:
+            self.top = top
+
+
+Slice = dict[str, _Group]
+"""An open event-time slice of one lane, by communicator."""
+
+
+def _observe(det: DetectorLike, comm: str, parts: Sequence[tuple[Record, Part]]) -> list[Verdict]:
+    """One communicator's parts judged at once: Arrow rows as columns
+    (``observe_columns``, the same verdicts as ``observe``, no object per event); a slice
+    that mixes JSON and Arrow messages goes as objects, in message order."""
+    spans = [p for _, p in parts if isinstance(p, tuple)]
+    if not spans:
+        return det.observe([e for _, p in parts for e in p])  # type: ignore[union-attr]
+    if len(spans) < len(parts):
+        return det.observe([e for _, p in parts for e in _events(p)])
+    per_block: list[tuple[ColumnBlock, list[tuple[int, int]]]] = []
+    for block, s, e in spans:
+        if per_block and per_block[-1][0] is block:
+            per_block[-1][1].append((s, e))
+        else:
+            per_block.append((block, [(s, e)]))
+    cols = [block.columns(comm, ranges) for block, ranges in per_block]
+    return det.observe_columns(cols[0] if len(cols) == 1 else EventColumns.concat(cols))
+
+
+def _events(part: Part) -> list[Event]:
+    if isinstance(part, tuple):
+        block, s, e = part
+        return table_events(block.batch.slice(s, e - s))
+    return part
+
+
+class _BlockFacts:
+    """What admission asks of each Arrow message of a consumer batch, computed for all of
+    them at once (numpy over the batch's rows), as Python lists indexed by message."""
+
+    __slots__ = ("comm", "contract_ok", "job", "nr_first", "nr_max", "nr_min", "plain",
+                 "ts_max", "ts_min")  # fmt: skip
+
+    def __init__(self, block: ColumnBlock) -> None:
+        st = block.starts[:-1]  # every message has rows (empty ones are refused)
+        nr, ts = block.column("nranks"), block.column("ts_us")
+        cc, jc = block.comm_codes, block.job_codes
+        # one communicator and one job per message (what exporters send); others go
+        # through the object path
+        plain = (np.minimum.reduceat(cc, st) == np.maximum.reduceat(cc, st)) & (
+            np.minimum.reduceat(jc, st) == np.maximum.reduceat(jc, st)
+        )
+        bad = block.column("rank") >= nr  # contract_problem's rules, per row
+        peer, off = block.conns()
+        if len(peer):
+            owner = np.repeat(np.arange(len(nr)), np.diff(off))
+            bad |= np.bincount(owner[peer >= nr[owner]], minlength=len(nr)) > 0
+        self.plain: list[bool] = plain.tolist()
+        self.contract_ok: list[bool] = (~np.logical_or.reduceat(bad, st)).tolist()
+        self.comm: list[str] = [block.comm_names[c] for c in cc[st].tolist()]
+        self.job: list[str] = [block.job_names[j] for j in jc[st].tolist()]
+        self.nr_first: list[int] = nr[st].tolist()
+        self.nr_min: list[int] = np.minimum.reduceat(nr, st).tolist()
+        self.nr_max: list[int] = np.maximum.reduceat(nr, st).tolist()
+        self.ts_min: list[int] = np.minimum.reduceat(ts, st).tolist()
+        self.ts_max: list[int] = np.maximum.reduceat(ts, st).tolist()
+
+
+ProgressState = dict[str, dict[int, tuple[int, int, int]]]
+"""Communicator -> rank -> (started, completed, ts_us) of its newest heartbeat (each the
+largest seen)."""
+
+#: Measurement noise allowed between a heartbeat's in-flight time and its stamp (both
+#: from the rank's own host clock).
+_INFLIGHT_SLACK_US = 200_000
+OpState = dict[str, dict[tuple[int, str], tuple[int, float]]]
+"""Communicator -> (rank, op) -> (seq, exec_us) of its newest completed op."""
+
+
+class _Corroboration:
+    """The corroboration checks (:meth:`CommRouter._check_counters`, ``_check_op``) of a
+    consumer batch's Arrow rows, vectorized, with the outcome of checking them row by row
+    in message order.
+
+    Rows are grouped by what a check compares: (communicator, rank) for heartbeats,
+    (communicator, rank, op) for ops. A group whose rows only grow (heartbeat counters
+    never go back, seq strictly increases) and whose first row does not go back from
+    the state before the batch cannot contradict anything, whichever of its messages
+    are accepted: no check runs per row, and its state becomes its last accepted row
+    when the batch ends (:meth:`commit`). Every other row — a group that goes back or
+    repeats a seq, or a communicator also fed as objects in this batch — is checked row
+    by row in message order (:attr:`exact`), exactly as the object path does. (Arrow
+    messages that go through the object path — several communicators, or refused by a
+    bound but not by the rules — are rows of the block too: a group that only grows
+    stays so whichever path checks its rows.)
+    """
+
+    __slots__ = ("any_exact", "exact", "_block", "_op_groups", "_ops", "_pr_groups",
+                 "_progress")  # fmt: skip
+
+    def __init__(
+        self, block: ColumnBlock, progress: ProgressState, ops: OpState, objects: set[str]
+    ) -> None:
+        self._block, self._progress, self._ops = block, progress, ops
+        cc, rank, is_op = block.comm_codes, block.column("rank"), block.is_op
+        n = len(cc)
+        exact = np.zeros(n, bool)
+        if objects:  # JSON rows of theirs, not in the block, read and move their state
+            codes = [i for i, c in enumerate(block.comm_names) if c in objects]
+            exact |= np.isin(cc, codes)
+        started, completed = block.column("started"), block.column("completed")
+        ts, inflight = block.column("ts_us"), block.column("inflight_us")
+        pr = np.flatnonzero(~is_op & ~exact)
+        # The in-flight rule is checked against the row before, whether or not it is
+        # accepted: an earlier predecessor is stamped no later, so this is the stricter
+        # test, and a group it flags is only checked exactly.
+        self._pr_groups = self._groups(
+            pr, (cc[pr], rank[pr]), exact,
+            lambda a, b: (started[b] < started[a]) | (completed[b] < completed[a])
+            | (ts[b] < ts[a]) | (inflight[b] > ts[b] - ts[a] + _INFLIGHT_SLACK_US),
+            self._progress_goes_back,
+        )  # fmt: skip
+        op_codes, op_names = _op_codes(block)
+        seq = block.column("seq")
+        po = np.flatnonzero(is_op & ~exact)
+        self._op_groups = self._groups(
+            po, (cc[po], rank[po], op_codes[po]), exact,
+            lambda a, b: seq[b] <= seq[a],
+            lambda r: self._op_repeats(r, op_names),
+        )  # fmt: skip
+        self.exact = exact
+        """Per row: checked row by row (in message order) by the caller."""
+        self.any_exact: list[bool] = np.logical_or.reduceat(exact, block.starts[:-1]).tolist()
+
+    @staticmethod
+    def _groups(
+        rows: np.ndarray,
+        keys: tuple[np.ndarray, ...],
+        exact: np.ndarray,
+        back: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        first_back: Callable[[np.ndarray], list[bool]],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows sorted by group (stable: message order within a group) and each row's
+        group start flag, after marking in ``exact`` every row of a group that goes back
+        within the batch (``back(earlier, later)`` of consecutive rows) or whose first row
+        goes back from the state (``first_back``)."""
+        order = np.lexsort(keys[::-1])  # stable: message order within a group
+        rows = rows[order]
+        start = np.ones(len(rows), bool)
+        start[1:] = False
+        for key in keys:
+            k = key[order]
+            start[1:] |= k[1:] != k[:-1]
+        bad = np.zeros(len(rows), bool)
+        bad[1:] = ~start[1:] & back(rows[:-1], rows[1:])
+        firsts = np.flatnonzero(start)
+        bad[firsts] |= np.asarray(first_back(rows[firsts]), bool)
+        if bad.any():
+            group = np.cumsum(start) - 1
+            bad = np.isin(group, group[bad])
+            exact[rows[bad]] = True
+            return rows[~bad], start[~bad]
+        return rows, start
+
+    def _progress_goes_back(self, rows: np.ndarray) -> list[bool]:
+        """Per row: its heartbeat may contradict its rank's state before the batch (goes
+        back in counters or time, or claims more time in flight than since then)."""
+        b, state = self._block, self._progress
+        names, out = b.comm_names, []
+        col = b.column
+        for c, r, st, cp, t, fl in zip(b.comm_codes[rows].tolist(), col("rank")[rows].tolist(),
+                                       col("started")[rows].tolist(),
+                                       col("completed")[rows].tolist(), col("ts_us")[rows].tolist(),
+                                       col("inflight_us")[rows].tolist(), strict=True):  # fmt: skip
+            last = state.get(names[c])
+            last = last.get(r) if last else None
+            out.append(
+                last is not None
+                and (st < last[0] or cp < last[1] or t < last[2]
+                     or fl > t - last[2] + _INFLIGHT_SLACK_US)
+            )  # fmt: skip
+        return out
+
+    def _op_repeats(self, rows: np.ndarray, ops: list[str]) -> list[bool]:
+        """Per row: its seq is not beyond its rank's and op's state before the batch."""
+        b, state = self._block, self._ops
+        names, codes, out = b.comm_names, _op_codes(b)[0], []
+        for c, r, o, q in zip(b.comm_codes[rows].tolist(), b.column("rank")[rows].tolist(),
+                              codes[rows].tolist(), b.column("seq")[rows].tolist(),
+                              strict=True):  # fmt: skip
+            last = state.get(names[c])
+            last = last.get((r, ops[o])) if last else None
+            out.append(last is not None and q <= last[0])
+        return out
+
+    def commit(self, accepted: np.ndarray) -> None:
+        """The state after the batch: each group's last accepted row (``accepted``: per
+        message of the block)."""
+        b = self._block
+        row_ok = np.repeat(accepted, np.diff(b.starts))
+        names = b.comm_names
+        cc, rank = b.comm_codes, b.column("rank")
+        for (rows, start), is_op in ((self._pr_groups, False), (self._op_groups, True)):
+            ok = row_ok[rows]
+            if not ok.any():
+                continue
+            group = np.cumsum(start) - 1
+            rows, group = rows[ok], group[ok]
+            last = np.ones(len(rows), bool)
+            last[:-1] = group[1:] != group[:-1]
+            lr = rows[last]
+            comms = [names[c] for c in cc[lr].tolist()]
+            ranks = rank[lr].tolist()
+            if is_op:
+                codes, opn = _op_codes(b)
+                seqs, execs = b.column("seq")[lr].tolist(), b.column("exec_us")[lr].tolist()
+                for c, r, o, q, x in zip(
+                    comms, ranks, codes[lr].tolist(), seqs, execs, strict=True
+                ):
+                    self._ops.setdefault(c, {})[(r, opn[o])] = (q, x)
+            else:
+                st, cp = b.column("started")[lr].tolist(), b.column("completed")[lr].tolist()
+                tss = b.column("ts_us")[lr].tolist()
+                for c, r, a, d, t in zip(comms, ranks, st, cp, tss, strict=True):
+                    self._progress.setdefault(c, {})[r] = (a, d, t)
+
+
+def _block_hosts(block: ColumnBlock, k: int) -> list[str]:
+    """The hosts named by Arrow message ``k`` of ``block`` (checked against its signer)."""
+    s, e = int(block.starts[k]), int(block.starts[k + 1])
+    return pc.unique(block.batch.column("host").slice(s, e - s)).to_pylist()
+
+
+def _op_codes(block: ColumnBlock) -> tuple[np.ndarray, list[str]]:
+    """The ``op`` column as codes per row (progress rows: the code of "")."""
+    return block.codes("op")
 
 
 @dataclass(frozen=True)
@@ -126,11 +382,6 @@ def contract_problem(events: Sequence[Event]) -> str | None:
     return None
 
 
-#: Measurement noise allowed between a heartbeat's in-flight time and its stamp (both
-#: from the rank's own host clock).
-_INFLIGHT_SLACK_US = 200_000
-
-
 class _Comm:
     __slots__ = ("detector", "job", "judged_us", "partition")
 
@@ -208,10 +459,8 @@ class CommRouter(StateRunner[str]):
         """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
         self._accepted_at: dict[Lane, float] = {}
         """Lane -> wall time (``clock``) of the last message accepted."""
-        self._progress: dict[str, dict[int, tuple[int, int, int]]] = {}
-        """Communicator -> rank -> (started, completed, ts_us) of its newest heartbeat."""
-        self._ops: dict[str, dict[tuple[int, str], tuple[int, float]]] = {}
-        """Communicator -> (rank, op) -> (seq, exec_us) of its newest completed op."""
+        self._progress: ProgressState = {}
+        self._ops: OpState = {}
         self.contested: dict[str, tuple[int, str]] = {}
         """Communicator -> (event time until which its verdicts are alert-only, why)."""
 
@@ -291,6 +540,7 @@ class CommRouter(StateRunner[str]):
         judged now, and advanced when due, rather than when the next slice begins, which
         costs up to a second of latency. Partitions with lag (catching up) are judged
         exactly slice by slice, as DetectionPipeline does (per job)."""
+        t0 = time.thread_time()
         out = Output()
         st = self.stats
         st.batches += 1
@@ -299,60 +549,24 @@ class CommRouter(StateRunner[str]):
         # comm of the lane) when an event of its next slice arrives, whatever the batches:
         # a catch-up batch spanning minutes of event time is judged slice by slice, and a
         # slice spread over many small batches is judged at once, like offline.
-        # JSON or Arrow (content-type header); the batch's Arrow messages are validated
-        # and converted together (cheaper than one by one). Oversize messages are refused
-        # before any decoding.
-        lim = self.limits
-        sized = [len(rec.value) <= lim.max_message_bytes for rec in records]
-        # Signed events (docs/security.md): the signature before decoding, hosts after.
-        unsigned = [
-            signature_refusal(self.trust, rec) if ok else None
-            for rec, ok in zip(records, sized, strict=True)
-        ]
-        decoded = decode_events_many(
-            [
-                (rec.value, rec.content_type) if ok and not bad else (b"", None)
-                for rec, ok, bad in zip(records, sized, unsigned, strict=True)
-            ]
-        )
-        for rec, ok, bad, events in zip(records, sized, unsigned, decoded, strict=True):
-            if not ok:
-                out.deadletters.append(
-                    dead_letter(
-                        rec,
-                        f"undecodable message: {len(rec.value)} bytes is over the limit of "
-                        f"{lim.max_message_bytes}",
-                    )
-                )
-                continue
-            if isinstance(events, EventDecodeError) or bad:
-                out.deadletters.append(dead_letter(rec, bad or f"undecodable message: {events}"))
-                continue
-            if bad := signature_refusal(self.trust, rec, (ev.host for ev in events)):
-                out.deadletters.append(dead_letter(rec, bad))
-                continue
-            problem = contract_problem(events) or self._admission_problem(rec.partition, events)
-            if problem is not None:
-                out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
-                continue
-            st.events += len(events)
-            now = self.wall()
-            for ev in events:
-                self._accepted_at[(rec.partition, ev.job)] = now
-                self.sizes.setdefault(ev.comm, ev.nranks)
-                if isinstance(ev, ProgressEvent):
-                    self._check_counters(ev)
-                else:
-                    self._check_op(ev)
-            first = events[0].comm
-            if all(ev.comm == first for ev in events):  # the usual case: one comm per message
-                self._take(rec, first, events, out)
+        items, block = self._decode(records)
+        if block is not None:
+            facts = _BlockFacts(block)
+            # communicators also in this batch's JSON messages are corroborated row by row
+            objects = {ev.comm for x in items if isinstance(x, list) for ev in x}
+            checks = _Corroboration(block, self._progress, self._ops, objects)
+            accepted = np.zeros(len(block), bool)
+        for rec, item in zip(records, items, strict=True):
+            if isinstance(item, EventDecodeError):
+                out.deadletters.append(dead_letter(rec, f"undecodable message: {item}"))
+            elif isinstance(item, str):
+                out.deadletters.append(dead_letter(rec, item))
+            elif isinstance(item, int):
+                accepted[item] = self._accept_rows(rec, block, item, facts, checks, out)  # type: ignore[arg-type]
             else:
-                per_comm: dict[str, list[Event]] = {}
-                for ev in events:
-                    per_comm.setdefault(ev.comm, []).append(ev)
-                for comm, evs in per_comm.items():
-                    self._take(rec, comm, evs, out)
+                self._accept(rec, item, out)
+        if block is not None:
+            checks.commit(accepted)
         for lane in [lane for lane in self.clock_us if lane[0] in settle]:
             groups = self.pending.pop(lane, None)
             if groups:
@@ -361,29 +575,183 @@ class CommRouter(StateRunner[str]):
                 self._advance_lane(lane, out)
         self._due(out, self.wall())
         self._count(out)
+        st.process_s += time.thread_time() - t0
         return out
 
-    def _take(self, rec: Record, comm: str, events: list[Event], out: Output) -> None:
-        """Put one communicator's events of one message into its lane's open slice."""
+    def _decode(
+        self, records: Sequence[Record]
+    ) -> tuple[list[list[Event] | EventDecodeError | int | str], ColumnBlock | None]:
+        """The batch's messages decoded: per record its events (JSON), why it cannot be
+        read, or (Arrow) the index of its rows in the returned block of numpy columns —
+        the batch's Arrow messages validated and converted together. Oversize messages
+        are refused before any decoding; with signed events (docs/security.md) a message
+        whose signature fails is refused before decoding, and one whose events name
+        another host than its signer after (a ``str``: the dead letter's reason)."""
+        lim = self.limits
+        sized = [len(rec.value) <= lim.max_message_bytes for rec in records]
+        unsigned = [
+            signature_refusal(self.trust, rec) if ok else None
+            for rec, ok in zip(records, sized, strict=True)
+        ]
+        decoded, block = decode_block(
+            [
+                (rec.value, rec.content_type) if ok and not bad else (b"", None)
+                for rec, ok, bad in zip(records, sized, unsigned, strict=True)
+            ]
+        )
+        items: list[list[Event] | EventDecodeError | int | str] = list(decoded)
+        for i, (rec, ok, bad) in enumerate(zip(records, sized, unsigned, strict=True)):
+            if not ok:
+                items[i] = EventDecodeError(
+                    f"{len(rec.value)} bytes is over the limit of {lim.max_message_bytes}"
+                )
+            elif bad:
+                items[i] = bad
+            elif self.trust is not None and not isinstance(items[i], EventDecodeError):
+                item = items[i]
+                hosts = (
+                    (ev.host for ev in item)
+                    if isinstance(item, list)
+                    else _block_hosts(block, item)  # type: ignore[arg-type]
+                )
+                items[i] = signature_refusal(self.trust, rec, hosts) or item
+        return items, block
+
+    def _accept(self, rec: Record, events: list[Event], out: Output) -> bool:
+        """A message as event objects: dead-lettered with the reason if the contract or
+        the edge limits refuse it (False), else corroborated and put into its lanes'
+        slices (True)."""
+        problem = contract_problem(events) or self._admission_problem(rec.partition, events)
+        if problem is not None:
+            out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
+            return False
+        self.stats.events += len(events)
+        now = self.wall()
+        for ev in events:
+            self._accepted_at[(rec.partition, ev.job)] = now
+            self.sizes.setdefault(ev.comm, ev.nranks)
+            if isinstance(ev, ProgressEvent):
+                self._check_counters(
+                    ev.comm, ev.rank, ev.started, ev.completed, ev.ts_us, ev.inflight_us
+                )
+            else:
+                self._check_op(ev.comm, ev.rank, ev.op, ev.seq, ev.exec_us, ev.ts_us)
+        first = events[0].comm
+        if all(ev.comm == first for ev in events):  # the usual case: one comm per message
+            self._take(rec, first, events[0].job, events, out)
+        else:
+            per_comm: dict[str, list[Event]] = {}
+            for ev in events:
+                per_comm.setdefault(ev.comm, []).append(ev)
+            for comm, evs in per_comm.items():
+                self._take(rec, comm, evs[0].job, evs, out)
+        return True
+
+    def _accept_rows(
+        self,
+        rec: Record,
+        block: ColumnBlock,
+        k: int,
+        facts: _BlockFacts,
+        checks: _Corroboration,
+        out: Output,
+    ) -> bool:
+        """An Arrow message as columns: the same outcome as :meth:`_accept` of its events,
+        without an object per event. Its admission is decided from per-message minima and
+        maxima (the rules compare every row with one bound); only a refused message is
+        turned into objects, so that its dead letter names the row as the object path
+        does. A message of several communicators or jobs goes through the object path.
+        Whether it was accepted (its rows then count for corroboration)."""
+        s, e = int(block.starts[k]), int(block.starts[k + 1])
+        if not facts.plain[k]:
+            return self._accept(rec, table_events(block.batch.slice(s, e - s)), out)
+        comm, job, p = facts.comm[k], facts.job[k], rec.partition
+        if not self._admissible(p, comm, job, facts, k):
+            events = table_events(block.batch.slice(s, e - s))
+            problem = contract_problem(events) or self._admission_problem(p, events)
+            if problem is None:  # a bound stricter than the rules: they decide
+                return self._accept(rec, events, out)
+            out.deadletters.append(dead_letter(rec, f"event breaks the contract: {problem}"))
+            return False
+        self.stats.events += e - s
+        self._accepted_at[(p, job)] = self.wall()
+        self.sizes.setdefault(comm, facts.nr_first[k])
+        if checks.any_exact[k]:
+            self._check_rows(comm, block, np.flatnonzero(checks.exact[s:e]) + s)
+        self._take(rec, comm, job, (block, s, e), out, e - s, facts.ts_max[k])
+        return True
+
+    def _check_rows(self, comm: str, block: ColumnBlock, rows: np.ndarray) -> None:
+        """The corroboration checks of Arrow rows ``rows``, one by one, in order."""
+        codes, names = _op_codes(block)
+        col = block.column
+        for i, is_op, rank, ts in zip(rows.tolist(), block.is_op[rows].tolist(),
+                                      col("rank")[rows].tolist(), col("ts_us")[rows].tolist(),
+                                      strict=True):  # fmt: skip
+            if is_op:
+                op, seq, ex = names[codes[i]], int(col("seq")[i]), float(col("exec_us")[i])
+                self._check_op(comm, rank, op, seq, ex, ts)
+            else:
+                # a null in-flight time is read as 0.0, which no rule tells apart
+                self._check_counters(
+                    comm, rank, int(col("started")[i]), int(col("completed")[i]), ts,
+                    float(col("inflight_us")[i]),
+                )  # fmt: skip
+
+    def _admissible(self, p: int, comm: str, job: str, facts: _BlockFacts, k: int) -> bool:
+        """Whether :meth:`_admission_problem` (and ``contract_problem``) would pass message
+        ``k`` of one communicator and job: each rule compares every row with one bound, so
+        its rows' minimum and maximum decide."""
+        lim = self.limits
+        if not facts.contract_ok[k] or facts.nr_max[k] > lim.max_nranks:
+            return False
+        size = self.sizes.get(comm) or self._restored_size(comm, p, job) or facts.nr_first[k]
+        if facts.nr_min[k] != size or facts.nr_max[k] != size:
+            return False
+        top = facts.ts_max[k]
+        if top > int(self.epoch() * 1e6) + lim.max_future_skew_us:
+            return False
+        lane = (p, job)
+        clock = self.clock_us.get(lane)
+        if clock is None:
+            return True
+        quiet = self.wall() - self._accepted_at.get(lane, float("-inf"))
+        if top > clock + lim.max_future_skew_us and quiet < lim.max_future_skew_us / 1e6:
+            return False
+        return facts.ts_min[k] >= clock - lim.max_past_skew_us
+
+    def _take(
+        self,
+        rec: Record,
+        comm: str,
+        job: str,
+        part: Part,
+        out: Output,
+        n: int = 0,
+        top: int = -1,
+    ) -> None:
+        """Put one communicator's events of one message (objects, or rows with their
+        count ``n`` and newest ``top``) into its lane's open slice."""
+        if not isinstance(part, tuple):
+            n, top = len(part), max(ev.ts_us for ev in part)
         p = rec.partition
         c = self.comms.get(comm)
-        top = max(ev.ts_us for ev in events)
         if c is not None and c.judged_us - top > self.allowed_lateness_us:
             late = c.judged_us - top
-            self.late_events[c.job] = self.late_events.get(c.job, 0) + len(events)
-            out.late_events.append((c.job, len(events)))
+            self.late_events[c.job] = self.late_events.get(c.job, 0) + n
+            out.late_events.append((c.job, n))
             out.deadletters.append(
                 dead_letter(
                     rec,
                     f"late by {late / 1e6:.0f} s: communicator {comm} of job {c.job} was "
                     f"already judged up to {c.judged_us} (event time), these "
-                    f"{len(events)} events end at {top}; allowed lateness "
+                    f"{n} events end at {top}; allowed lateness "
                     f"{self.allowed_lateness_us / 1e6:g} s",
                 )
             )
             return
         if c is None:
-            c = self._comm(comm, p, events[0].job)  # restored (or created) on arrival
+            c = self._comm(comm, p, job)  # restored (or created) on arrival
         lane = (c.partition, c.job)
         self._active.add(lane)
         end = self._slice_end.get(lane)
@@ -394,11 +762,11 @@ class CommRouter(StateRunner[str]):
             self._slice_end[lane] = top - top % self.advance_every_us + self.advance_every_us
         if top > self.clock_us.get(lane, -1):
             self.clock_us[lane] = top
-        g = self.pending.setdefault(lane, {}).get(comm)
+        groups = self.pending.setdefault(lane, {})
+        g = groups.get(comm)
         if g is None:
-            g = self.pending[lane][comm] = ([], [])
-        g[0].extend(events)
-        g[1].append((rec, events))
+            g = groups[comm] = _Group()
+        g.add(rec, part, n, top)
 
     def _admission_problem(self, p: int, events: Sequence[Event]) -> str | None:
         """What makes an otherwise valid message unsafe to feed (None: feed it).
@@ -446,7 +814,9 @@ class CommRouter(StateRunner[str]):
                 )
         return None
 
-    def _check_counters(self, ev: ProgressEvent) -> None:
+    def _check_counters(
+        self, comm: str, rank: int, started: int, completed: int, ts: int, inflight: float | None
+    ) -> None:
         """Corroboration, within the detector's physics: a rank's heartbeat counters only
         grow, so a heartbeat that goes back means two sources report for one rank (a
         forger and the real exporter). A forged hang must contradict someone: the
@@ -458,59 +828,57 @@ class CommRouter(StateRunner[str]):
         sat in collective N for longer than since it last reported not having started N
         (a forged "waiting 30 s" copy of a peer's heartbeat, one collective ahead, kept
         its counters plausible and got a healthy host cordoned)."""
-        ranks = self._progress.setdefault(ev.comm, {})
-        last = ranks.get(ev.rank)
+        ranks = self._progress.get(comm)
+        if ranks is None:
+            ranks = self._progress[comm] = {}
+        last = ranks.get(rank)
         if last is None:
-            ranks[ev.rank] = (ev.started, ev.completed, ev.ts_us)
+            ranks[rank] = (started, completed, ts)
             return
-        started, completed, ts = last
-        ranks[ev.rank] = (
-            max(ev.started, started), max(ev.completed, completed), max(ev.ts_us, ts)
-        )  # fmt: skip
-        if ev.started < started or ev.completed < completed:
+        s0, c0, t0 = last
+        ranks[rank] = (max(started, s0), max(completed, c0), max(ts, t0))
+        if started < s0 or completed < c0:
             why = (
-                f"rank {ev.rank}'s heartbeat went back from started {started}/completed "
-                f"{completed} to {ev.started}/{ev.completed}: two sources report for it"
+                f"rank {rank}'s heartbeat went back from started {s0}/completed "
+                f"{c0} to {started}/{completed}: two sources report for it"
             )
-        elif ev.ts_us < ts and (ev.started > started or ev.completed > completed):
+        elif ts < t0 and (started > s0 or completed > c0):
             why = (
-                f"rank {ev.rank}'s heartbeat at {ev.ts_us} says started {ev.started}, one "
-                f"stamped later ({ts}) said {started}: two sources report for it"
+                f"rank {rank}'s heartbeat at {ts} says started {started}, one "
+                f"stamped later ({t0}) said {s0}: two sources report for it"
             )
-        elif (
-            ev.started > started
-            and ev.inflight_us is not None
-            and ev.inflight_us > ev.ts_us - ts + _INFLIGHT_SLACK_US
-        ):
+        elif started > s0 and inflight is not None and inflight > ts - t0 + _INFLIGHT_SLACK_US:
             why = (
-                f"rank {ev.rank} says it has been in collective {ev.started} for "
-                f"{ev.inflight_us / 1e6:.1f} s, but {(ev.ts_us - ts) / 1e6:.1f} s before it "
-                f"had started only {started}: two sources report for it"
+                f"rank {rank} says it has been in collective {started} for "
+                f"{inflight / 1e6:.1f} s, but {(ts - t0) / 1e6:.1f} s before it "
+                f"had started only {s0}: two sources report for it"
             )
         else:
             return
-        self._contest(ev.comm, ev.ts_us, why)
+        self._contest(comm, ts, why)
 
-    def _check_op(self, ev: OpEvent) -> None:
+    def _check_op(self, comm: str, rank: int, op: str, seq: int, exec_us: float, ts: int) -> None:
         """The same for completed ops: per rank and op, ``seq`` only grows, and one
         collective has one duration. A re-sent message repeats both exactly; a second
         source (a forged straggler pattern) contradicts the real one in either."""
-        ops = self._ops.setdefault(ev.comm, {})
-        key = (ev.rank, ev.op)
+        ops = self._ops.get(comm)
+        if ops is None:
+            ops = self._ops[comm] = {}
+        key = (rank, op)
         last = ops.get(key)
-        if last is None or ev.seq > last[0]:
-            ops[key] = (ev.seq, ev.exec_us)
+        if last is None or seq > last[0]:
+            ops[key] = (seq, exec_us)
             return
-        if ev.seq < last[0]:
-            self._contest(ev.comm, ev.ts_us,
-                          f"rank {ev.rank}'s {ev.op} went back from seq {last[0]} to {ev.seq}: "
+        if seq < last[0]:
+            self._contest(comm, ts,
+                          f"rank {rank}'s {op} went back from seq {last[0]} to {seq}: "
                           "two sources report for it")  # fmt: skip
-        elif ev.exec_us != last[1]:
+        elif exec_us != last[1]:
             why = (
-                f"rank {ev.rank}'s {ev.op} seq {ev.seq} reported twice with different "
-                f"durations ({last[1]} and {ev.exec_us} us): two sources report for it"
+                f"rank {rank}'s {op} seq {seq} reported twice with different "
+                f"durations ({last[1]} and {exec_us} us): two sources report for it"
             )
-            self._contest(ev.comm, ev.ts_us, why)
+            self._contest(comm, ts, why)
 
     def _contest(self, comm: str, ts_us: int, why: str) -> None:
         if comm not in self.contested:
@@ -544,32 +912,27 @@ class CommRouter(StateRunner[str]):
         self._comm(comm, p, job)  # restores it (or starts afresh if unreadable)
         return self.sizes.get(comm)
 
-    def _judge(
-        self,
-        lane: Lane,
-        groups: dict[str, tuple[list[Event], list[tuple[Record, list[Event]]]]],
-        out: Output,
-    ) -> None:
+    def _judge(self, lane: Lane, groups: Slice, out: Output) -> None:
         now = self.wall()
         clock = self.clock_us[lane]
-        for comm, (events, parts) in groups.items():
+        for comm, g in groups.items():
             c = self.comms[comm]
-            top = max(ev.ts_us for ev in events)
-            if top > c.judged_us:
-                c.judged_us = top
+            if g.top > c.judged_us:
+                c.judged_us = g.top
             try:
-                out.concluded(self._uncontested(comm, c.detector.observe(events)), clock)
+                out.concluded(self._uncontested(comm, _observe(c.detector, comm, g.parts)), clock)
             except Exception as err:
-                if len(parts) == 1:
-                    self._detector_failed(comm, err, parts[0][0], out)
+                if len(g.parts) == 1:
+                    self._detector_failed(comm, err, g.parts[0][0], out)
                     continue
                 # Retry message by message so only the offending one is dead-lettered.
-                for rec, evs in parts:
+                for part in g.parts:
                     try:
-                        out.concluded(self._uncontested(comm, c.detector.observe(evs)), clock)
+                        verdicts = _observe(c.detector, comm, [part])
+                        out.concluded(self._uncontested(comm, verdicts), clock)
                     except Exception as err1:
-                        self._detector_failed(comm, err1, rec, out)
-            self.schedule.touch(comm, len(events), now)
+                        self._detector_failed(comm, err1, part[0], out)
+            self.schedule.touch(comm, g.n, now)
 
     def _detector_failed(self, comm: str, err: Exception, rec: Record, out: Output) -> None:
         self.stats.detector_errors += 1
@@ -604,6 +967,7 @@ class CommRouter(StateRunner[str]):
         """Wall-clock timer: close the open slice of every lane that got no message since
         the previous tick (traffic stopped: judge it and advance, so a hang is still
         found), take time-due checkpoints."""
+        t0 = time.thread_time()
         quiet = set(self.clock_us) - self._active
         wall = self.wall()
         for lane in self._active:
@@ -622,6 +986,7 @@ class CommRouter(StateRunner[str]):
             self._last_active.pop(lane, None)
         self._due(out, wall)
         self._count(out)
+        self.stats.process_s += time.thread_time() - t0
         return out
 
     def close_slices(self, partitions: set[int] | None = None) -> Output:

@@ -68,6 +68,9 @@ class RouterStats:
     restored: int = 0
     """Detectors (or correlators) restored from a table checkpoint."""
     created: int = 0
+    process_s: float = 0.0
+    """CPU seconds the detect runner spent in ``process`` and ``tick`` (decoding, checks,
+    detection): the rest of a worker's CPU time goes to Kafka, Faust and correlation."""
 
 
 class Checkpointable(Protocol):

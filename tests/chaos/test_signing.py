@@ -122,13 +122,20 @@ def test_a_message_moved_to_another_host_fails() -> None:
     )
 
 
-def test_a_host_signs_only_for_itself() -> None:
+@pytest.mark.parametrize("fmt", ["json", "arrow"])
+def test_a_host_signs_only_for_itself(fmt: str) -> None:
     # node-3 is compromised: its own key is valid, but the events speak for node-1.
-    (why,) = reasons(router(), rec(*signed([ev("node-1")], "node-3")))
+    (why,) = reasons(router(), rec(*signed([ev("node-1")], "node-3", fmt=fmt)))
     assert why == "refused: event host node-1 in a message signed by node-3"
     mixed = [ev("node-3", rank=3), ev("node-1", rank=1)]
-    (why,) = reasons(router(), rec(*signed(mixed, "node-3")))
+    (why,) = reasons(router(), rec(*signed(mixed, "node-3", fmt=fmt)))
     assert why == "refused: event host node-1 in a message signed by node-3"
+    # in one batch with good messages of its own, only the lie is refused
+    r = router()
+    good = rec(*signed([ev("node-3", rank=3)], "node-3", fmt=fmt), 1)
+    lie = rec(*signed([ev("node-1", rank=1, seq=2)], "node-3", fmt=fmt), 2)
+    assert reasons(r, good, lie) == ["refused: event host node-1 in a message signed by node-3"]
+    assert r.stats.events == 1
 
 
 def test_a_key_not_derived_from_the_master_fails() -> None:

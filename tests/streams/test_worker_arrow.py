@@ -3,6 +3,8 @@ batches become dead letters with the reason."""
 
 from __future__ import annotations
 
+import struct
+
 import msgspec
 import pytest
 
@@ -10,6 +12,7 @@ from producers.columnar import ARROW_CONTENT_TYPE, encode_arrow
 from producers.events import Event, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
 from streams.app.deadletter import Record
+from streams.app.detect_runner import EdgeLimits
 from streams.app.watermark import Watermark, encode_watermark
 from streams.commands import encode_command
 from streams.verdicts import encode_verdict
@@ -88,3 +91,33 @@ def test_bad_arrow_batches_are_dead_lettered_with_the_reason() -> None:
     assert "rank 7 is not below nranks 2" in got["ev[0]@3"]
     assert "unsupported content-type 'text/csv'" in got["ev[0]@4"]
     assert r.stats.events == 2  # the good JSON and the good Arrow message
+
+
+def test_bad_arrow_messages_among_good_ones_are_dead_lettered_and_the_rest_judged() -> None:
+    # a string column whose last offset points far past its data: only a full validation
+    # of each batch, before the batch's messages are put together, catches it
+    data = encode_arrow(
+        [msgspec.structs.replace(ev(1), host=h * n) for h, n in (("a", 77), ("b", 99))]
+    )
+    offsets = struct.pack("<3i", 0, 77, 176)
+    assert data.count(offsets) == 1
+    crafted = data.replace(offsets, struct.pack("<3i", 0, 77, 1 << 20))
+    good = [encode_arrow([ev(t, rank=r)]) for t in (2, 3) for r in (0, 1)]
+    values = [good[0], crafted, good[1], encode_arrow([ev(3, rank=5)]), good[2], b"\xff" * 9]
+    values.append(good[3])
+    r = router(limits=EdgeLimits(max_message_bytes=4096))
+    out = r.process([Record("ev", 0, i, b"0xa", v, None, CT) for i, v in enumerate(values)])
+    got = {dl.source: dl.reason for dl in out.deadletters}
+    assert set(got) == {"ev[0]@1", "ev[0]@3", "ev[0]@5"}
+    assert got["ev[0]@1"].startswith("undecodable message: not an Arrow IPC stream")
+    assert "rank 5 is not below nranks 2" in got["ev[0]@3"]
+    assert got["ev[0]@5"].startswith("undecodable message: not an Arrow IPC stream")
+    assert r.stats.events == 4
+    big = r.process([Record("ev", 0, 9, b"0xa", encode_arrow([ev(4)] * 40), None, CT)])
+    assert "is over the limit of 4096" in big.deadletters[0].reason
+    # the good messages go on to be judged: the communicator's open slice holds them
+    groups = [g for lane in r.pending.values() for g in lane.values()]
+    assert [(g.n, [rec.source for rec, _ in g.parts]) for g in groups] == [
+        (4, ["ev[0]@0", "ev[0]@2", "ev[0]@4", "ev[0]@6"])
+    ]
+    assert r.close_slices().deadletters == []
