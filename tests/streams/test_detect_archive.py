@@ -15,24 +15,30 @@ import pytest
 
 from producers.columnar import events_table as contract_table
 from producers.simulator import SCENARIOS, FaultSpec, write_trace
-from producers.sources import open_source, sniff
+from producers.sources import open_source, open_sources, sniff
 from producers.traces import BadLine, TraceLine, read_trace
 from sinks.archive.schemas import EVENTS, VERDICTS
 from sinks.archive.tables import MessageSources, events_table
 from sinks.archive.writer import DatasetWriter, RollPolicy
 from streams.commands import decode_command
+from streams.core import DetectionPipeline
 from streams.detect import run_detect
 
 
-def _archive(trace: Path, root: Path, *, duplicate: int | None = None) -> int:
+def _archive(trace: Path, root: Path, *, duplicate: int | None = None, per_msg: int = 1) -> int:
     """Write the trace's lines to the archive as the archiver would have, after they
     went through an 8-partition ``c4.events`` (keyed by communicator); returns the
-    number of files. ``duplicate``: that batch is written twice (an archiver crash)."""
+    number of files. ``duplicate``: that batch is written twice (an archiver crash).
+    ``per_msg``: lines per Kafka message (> 1: messages of several communicators)."""
     w = DatasetWriter(
         root / "events", EVENTS, RollPolicy(roll_bytes=20_000, row_group_bytes=50_000)
     )
     offsets = [0] * 8
     lines = [x for x in read_trace(trace) if isinstance(x, TraceLine)]
+    lines = [
+        TraceLine("", 0, b"", [e for x in lines[k : k + per_msg] for e in x.events])
+        for k in range(0, len(lines), per_msg)
+    ]
     files = []
     for k in range(0, len(lines), 40):  # consumer batches of 40 messages
         events, msgs = [], []
@@ -77,6 +83,40 @@ def test_archive_gives_the_same_commands_as_the_trace(trace: Path, tmp_path: Pat
     assert (tmp_path / "from-archive.jsonl").read_bytes() == (
         tmp_path / "from-trace.jsonl"
     ).read_bytes()
+
+
+def _decide(events_dir: Path, blocks: bool) -> tuple[list[bytes], int]:
+    """Verdicts and commands of the pipeline fed the archive message by message
+    (``feed_columns``) or a block of messages at a time (``feed_block``)."""
+    pipe = DetectionPipeline()
+    n_blocks = 0
+    for b in open_sources([events_dir], blocks=blocks):
+        if b.block is not None:
+            n_blocks += 1
+            pipe.feed_block(b.block)
+        else:
+            assert b.columns is not None
+            pipe.feed_columns(b.columns)
+    pipe.finish()
+    out = [msgspec.json.encode(v) for v in pipe.verdicts]
+    return out + [msgspec.json.encode(c) for c in pipe.commands], n_blocks
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("per_msg", [1, 3])
+def test_blocks_of_messages_decide_like_messages_one_by_one(
+    trace: Path, tmp_path: Path, per_msg: int
+) -> None:
+    """Several files in one directory (merged by second), duplicates, and (per_msg 3)
+    messages of several communicators: blocks give the same verdicts, in order."""
+    _archive(trace, tmp_path, duplicate=2, per_msg=per_msg)
+    one_by_one, none = _decide(tmp_path / "events", blocks=False)
+    blocked, n_blocks = _decide(tmp_path / "events", blocks=True)
+    assert none == 0 and n_blocks > 0
+    n_msgs = sum(1 for _ in open_sources([tmp_path / "events"]))
+    assert n_blocks < n_msgs / 10, "blocks hold many messages"
+    assert any(b'"noncomm_hang"' in v for v in one_by_one), "the faults are found"
+    assert blocked == one_by_one
 
 
 def test_the_archive_is_sniffed_and_its_job_comes_from_the_directory(
