@@ -278,7 +278,8 @@ class BlockColumns:
     gathered once for every communicator of the slice; event objects are built only for
     the rows a detector reads whole (from the block's Arrow rows)."""
 
-    __slots__ = ("_coff", "_conns", "_np", "_src", "_table", "comm", "comm_name", "job")
+    __slots__ = ("_block", "_coff", "_conns", "_np", "_objs", "_src", "_table", "comm",
+                 "comm_name", "job")  # fmt: skip
 
     def __init__(
         self,
@@ -289,8 +290,14 @@ class BlockColumns:
         conns: tuple[np.ndarray, ...],
         coff: np.ndarray,
         src: list[tuple[pa.RecordBatch, np.ndarray]],
+        objs: tuple[_SliceObjects, int] | None = None,
+        block: ArchiveBlock | None = None,
     ) -> None:
         self.comm, self.job, self.comm_name = comm, job, comm_name
+        self._block = block
+        """The block the rows come from (one part only): its progress connections."""
+        self._objs = objs
+        """The slice's shared objects and where these rows start in it (one part only)."""
         self._np = rows
         self._conns = conns
         """Flat connections of these rows: peer, send, bytes, time."""
@@ -338,7 +345,18 @@ class BlockColumns:
         flat = np.repeat(self._coff[idx] - before, lens) + np.arange(int(lens.sum()))
         return tuple(a[flat] for a in self._conns)  # type: ignore[return-value]
 
-    def rows(self, idx: np.ndarray) -> LazyEvents:
+    def progress_conns(self, idx: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """The connections of rows ``idx`` as integers, as events carry them: offsets
+        per row (``len(idx) + 1``), peer, send (else recv), bytes, retransmits (0 when
+        absent); None when the rows are not one block's."""
+        if self._block is None:
+            return None
+        return self._block.progress_conns(self._src[0][1][idx])
+
+    def rows(self, idx: np.ndarray) -> Sequence[Event]:
+        if self._objs is not None:  # converted with the slice's other rows read whole
+            shared, start = self._objs
+            return _SliceRows(shared, idx + start)
         if self._table is None and len(self._src) == 1:  # no need to gather the rows first
             t, r = self._src[0]
             return LazyEvents(t, r[idx])
@@ -361,14 +379,68 @@ class BlockColumns:
         return BlockColumns(p0.comm, p0.job, p0.comm_name, rows, conns, coff, src)
 
 
+class _SliceObjects:
+    """Event objects of a slice's rows, built for many communicators at once (a
+    conversion costs about a millisecond whatever its size): the first rows asked for
+    alone; at a second miss the whole slice (the first slices, where every rank is new
+    to every communicator and each asks for its rows)."""
+
+    __slots__ = ("_cache", "_misses", "_rows", "_table")
+
+    def __init__(self, table: pa.RecordBatch, rows: np.ndarray) -> None:
+        self._table, self._rows = table, rows
+        self._cache: dict[int, Event] = {}
+        self._misses = 0
+
+    def get(self, pos: np.ndarray) -> list[Event]:
+        cache = self._cache
+        want = pos.tolist()
+        missing = [p for p in want if p not in cache]
+        if missing:
+            self._misses += 1
+            if self._misses == 1:
+                fill = np.array(missing, np.int64)
+            else:
+                fill = np.arange(len(self._rows))
+            fill = fill[[p not in cache for p in fill.tolist()]]
+            events = table_events(self._table.take(pa.array(self._rows[fill], pa.int64())))
+            cache.update(zip(fill.tolist(), events, strict=True))
+        return [cache[p] for p in want]
+
+
+class _SliceRows(Sequence[Event]):
+    """Rows of a slice as event objects, from :class:`_SliceObjects` when first read."""
+
+    __slots__ = ("_events", "_pos", "_shared")
+
+    def __init__(self, shared: _SliceObjects, pos: np.ndarray) -> None:
+        self._shared, self._pos = shared, pos
+        self._events: list[Event] | None = None
+
+    def __len__(self) -> int:
+        return len(self._pos)
+
+    def _all(self) -> list[Event]:
+        if self._events is None:
+            self._events = self._shared.get(self._pos)
+        return self._events
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._all())
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]  # Sequence's overloads
+        return self._all()[i]
+
+
 class ArchiveBlock:
     """Consecutive archived messages of one file, as one set of columns
     (:class:`~streams.core.columns.ColumnBlockLike`): a *part* is one communicator's
     rows of one message (a message of several communicators is several parts, as
     :func:`~producers.columnar.split_by_comm` cuts it)."""
 
-    __slots__ = ("_bounds", "_cname", "_cnames", "_code", "_coff", "_conns", "_np", "_table",
-                 "part_comm", "part_job", "part_n", "part_ts_hi", "part_ts_lo")  # fmt: skip
+    __slots__ = ("_bounds", "_cname", "_cnames", "_code", "_coff", "_conns", "_ints", "_np",
+                 "_table", "part_comm", "part_job", "part_n", "part_ts_hi",
+                 "part_ts_lo")  # fmt: skip
 
     def __init__(
         self,
@@ -384,6 +456,7 @@ class ArchiveBlock:
         part_job: list[str],
     ) -> None:
         self._table, self._np, self._conns, self._coff = table, rows, conns, coff
+        self._ints: tuple[np.ndarray, ...] | None = None
         self._bounds, self._code = bounds, code
         self._cname, self._cnames = cname, cnames
         ts = rows["ts_us:-1"]
@@ -408,6 +481,24 @@ class ArchiveBlock:
         """The block's rows (parts in order) as Arrow."""
         return self._table
 
+    def progress_conns(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """See :meth:`BlockColumns.progress_conns` (``rows``: the block's row numbers)."""
+        if self._ints is None:  # once per block: the connections' integer fields
+            flat = self._table.column("conns").flatten()
+            self._ints = (
+                flat.field("peer").to_numpy().astype(np.int64),
+                np.asarray(
+                    pc.equal(flat.field("dir"), "send").to_numpy(zero_copy_only=False), bool
+                ),
+                flat.field("bytes").to_numpy().astype(np.int64),
+                pc.fill_null(flat.field("retrans"), 0).to_numpy().astype(np.int64),
+            )
+        lens = self._np[_CONNS][rows]
+        off = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lens, out=off[1:])
+        flat_idx = np.repeat(self._coff[rows] - off[:-1], lens) + np.arange(int(off[-1]))
+        return (off, *(a[flat_idx] for a in self._ints))
+
     def select(self, parts: np.ndarray) -> list[BlockColumns]:
         b = self._bounds
         codes = self._code[parts]
@@ -429,6 +520,7 @@ class ArchiveBlock:
         # each communicator's rows are one run of the gathered arrays
         group = np.flatnonzero(np.diff(rank[o], prepend=-1))
         lo = (ends - lens)[group].tolist() + [len(rows)]
+        shared = _SliceObjects(self._table, rows)
         out: list[BlockColumns] = []
         for g, i in enumerate(ps[group].tolist()):
             r0, r1 = lo[g], lo[g + 1]
@@ -438,7 +530,7 @@ class ArchiveBlock:
                 self.part_comm[i], self.part_job[i], self._cnames[cn] if cn >= 0 else None,
                 {key: a[r0:r1] for key, a in got.items()},
                 tuple(a[c0:c1] for a in conns), goff[r0 : r1 + 1] - c0,
-                [(self._table, rows[r0:r1])],
+                [(self._table, rows[r0:r1])], (shared, r0), self,
             ))  # fmt: skip
         return out
 

@@ -30,6 +30,7 @@ from streams.core.columns import ColumnBlockLike, EventColumnsLike
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.core.correlate import HostCorrelator, LateEvidence
+from streams.core.group import observe_many
 from streams.core.snapshot import judge_snapshot
 from streams.verdicts import Verdict
 
@@ -267,6 +268,8 @@ class DetectionPipeline:
         verdicts: list[Verdict] = []
         if lane.blocks:
             self._cut_blocks(lane)
+        grouped: list[tuple[CommDetector, EventColumnsLike]] = []
+        slots: list[int | list[Verdict]] = []  # per communicator: its grouped index, or verdicts
         for comm, evs in lane.buf.items():
             d = self.detectors.get(comm)
             if d is None:
@@ -274,11 +277,15 @@ class DetectionPipeline:
                 lane.comms.append(comm)
             cols = lane.cols.get(comm)
             if cols is None:
-                verdicts += d.observe(evs)
-            elif not evs:
-                verdicts += d.observe_columns(cols[0].concat(cols))
+                slots.append(d.observe(evs))
+            elif not evs:  # columns: judged with the slice's other communicators
+                slots.append(len(grouped))
+                grouped.append((d, cols[0].concat(cols)))
             else:  # fed both ways in one slice (mixed inputs): as objects
-                verdicts += d.observe(evs + [e for c in cols for e in c.to_events()])
+                slots.append(d.observe(evs + [e for c in cols for e in c.to_events()]))
+        got = observe_many(grouped) if grouped else []
+        for x in slots:  # in the order of arrival, as one by one
+            verdicts += got[x] if isinstance(x, int) else x
         self.n_events += lane.buffered
         lane.buf.clear()  # in place: feed() holds a reference to this dict
         lane.cols.clear()
