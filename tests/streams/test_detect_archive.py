@@ -69,6 +69,22 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d / "trace.jsonl.gz"
 
 
+@pytest.fixture(scope="module")
+def net_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Network faults: the hang detector follows progress connections (as arrays when
+    the archive comes in blocks)."""
+    d = tmp_path_factory.mktemp("arch-net")
+    cfg = msgspec.structs.replace(
+        SCENARIOS["healthy"], job="net", hosts=8, duration_s=44, seed=11,
+        faults=[
+            FaultSpec(kind="slow_nic", host=4, nic=1, start_s=6, end_s=20, severity=0.4),
+            FaultSpec(kind="link_hang", host=6, nic=3, peer_host=7, start_s=28),
+        ],
+    )  # fmt: skip
+    write_trace(cfg, d / "trace.jsonl.gz", d / "truth.json")
+    return d / "trace.jsonl.gz"
+
+
 @pytest.mark.timeout(180)
 def test_archive_gives_the_same_commands_as_the_trace(trace: Path, tmp_path: Path) -> None:
     n_files = _archive(trace, tmp_path / "a", duplicate=3)
@@ -117,6 +133,22 @@ def test_blocks_of_messages_decide_like_messages_one_by_one(
     assert n_blocks < n_msgs / 10, "blocks hold many messages"
     assert any(b'"noncomm_hang"' in v for v in one_by_one), "the faults are found"
     assert blocked == one_by_one
+
+
+@pytest.mark.timeout(180)
+def test_network_faults_from_blocks_decide_like_the_trace(net_trace: Path, tmp_path: Path) -> None:
+    _archive(net_trace, tmp_path)
+    one_by_one, _ = _decide(tmp_path / "events", blocks=False)
+    blocked, n_blocks = _decide(tmp_path / "events", blocks=True)
+    assert n_blocks > 0
+    assert any(b'"comm_hang"' in v for v in blocked) and any(b'"slow_nic"' in v for v in blocked)
+    assert blocked == one_by_one
+    a = run_detect([net_trace], tmp_path / "from-trace.jsonl")
+    run_detect([tmp_path / "events"], tmp_path / "from-archive.jsonl")
+    assert {c.fault for c in a.commands} >= {"comm_hang", "slow_nic"}
+    assert (tmp_path / "from-archive.jsonl").read_bytes() == (
+        tmp_path / "from-trace.jsonl"
+    ).read_bytes()
 
 
 def test_the_archive_is_sniffed_and_its_job_comes_from_the_directory(
