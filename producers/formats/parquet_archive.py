@@ -150,9 +150,13 @@ def _message_order(table: pa.Table, seen: SeenMessages | None) -> tuple[np.ndarr
     # messages in the order they were archived (the archiver's consumption order: what
     # the worker saw), i.e. by their first row in the file
     order = np.argsort(np.minimum.reduceat(o, starts), kind="stable")
-    rows = np.concatenate([o[bounds[i] : bounds[i + 1]] for i in order])
     sizes = np.diff(bounds)[order]
-    return rows, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    new_starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=new_starts[1:])
+    # each message's rows moved as a run: row j of the result is o[its run's old start
+    # + (j - its run's new start)]
+    rows = o[np.repeat(starts[order] - new_starts, sizes) + np.arange(len(o))]
+    return rows, new_starts
 
 
 def _read_ordered(
@@ -170,7 +174,8 @@ def _read_ordered(
         pf = pq.ParquetFile(path)
         present = set(pf.schema_arrow.names)
         wanted = [f for f in (*EVENT_SCHEMA.names, *_ORIGIN) if f in present]
-        table = pf.read(columns=wanted)
+        # one thread: detect is CPU-bound in one process, and threads cost more CPU in all
+        table = pf.read(columns=wanted, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as err:
         bad(f"unreadable Parquet file: {err}")
         return None
@@ -179,7 +184,9 @@ def _read_ordered(
         return None
     if "job" not in present:
         the_job = job_from_path(path) or job
-        table = table.append_column("job", pa.array(np.full(table.num_rows, the_job, object)))
+        table = table.append_column(
+            "job", pa.repeat(pa.scalar(the_job, pa.string()), table.num_rows)
+        )
     try:
         checked = validate_table(table)
     except EventDecodeError as err:
@@ -192,7 +199,10 @@ def _read_ordered(
     rows, starts = _message_order(keyed, seen)
     if rows.size == 0:
         return None
-    # one gather into message order; messages are then zero-copy slices of it
+    # one gather into message order (none when the file is in it already, as one
+    # archiver writes it); messages are then zero-copy slices of it
+    if len(rows) == checked.num_rows and (rows == np.arange(len(rows))).all():
+        return checked, rows[starts], starts
     return checked.take(pa.array(rows)), rows[starts], starts
 
 
