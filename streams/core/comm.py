@@ -56,7 +56,7 @@ from streams.core.registry import build_detectors, load_detector
 from streams.core.stats import NormalModel, NormalState, stable_id
 from streams.verdicts import Verdict
 
-__all__ = ["CommDetector", "Cut", "cut_columns", "progress_conns"]
+__all__ = ["CommDetector", "Cut", "Folded", "cut_columns", "progress_conns"]
 
 _TICK_US = 500_000  # how often (event time) detectors' tick runs; hangs cost O(ranks)
 _SCHEMA = 1
@@ -190,7 +190,7 @@ class CommDetector:
         self._learn_identities(c.ident, c.ident_rank)
         batch = self._fold(
             c.op_objs, c.ro, c.seq, c.exec_us, c.ts, c.distinct, c.prog, c.rp, c.started,
-            c.completed, c.inflight_us, c.conns, c.first,
+            c.completed, c.inflight_us, c.conns, c.first, c.folded,
         )  # fmt: skip
         batch.prog_conns = c.prog_conns
         for d in self.detectors:
@@ -321,16 +321,24 @@ class CommDetector:
         infl: np.ndarray,
         conns: ConnArrays | None = None,
         first: np.ndarray | None = None,
+        folded: Folded | None = None,
     ) -> Batch:
         """:meth:`_batch` from arrays (op fields in arrival order, ``distinct`` seqs
         ascending; ``infl`` 0 where absent), shared by the object and the column path.
         ``first``: the op fields come sorted by (rank, seq) already, and this marks
-        each rank's first op (the grouped path sorts all communicators at once)."""
+        each rank's first op (the grouped path sorts all communicators at once);
+        ``folded``: the periods and each rank's last op computed with them."""
         v, t = self.view, self.view.ranks
         empty = np.empty(0, np.int64)
         if not len(ro):
             r = s = ts = empty
             x = np.empty(0, np.float64)
+        elif folded is not None:
+            r = ro
+            v.model.learn_periods(folded.periods)
+            t.last_op_ts[folded.last_rank] = folded.last_ts
+            t.last_op_seq[folded.last_rank] = folded.last_seq
+            v.model.learn_ops(x)
         else:
             k = len(ro)
             # period between consecutive collectives of one rank, by that rank's own
@@ -479,6 +487,19 @@ class Cut:
     conns: ConnArrays | None
     first: np.ndarray | None = None
     prog_conns: ProgressConnArrays | None = None
+    folded: Folded | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """What the fold of a batch's ops into the rank table computes, done for many
+    communicators at once (:mod:`streams.core.group`): the periods to learn (in the
+    fold's order, as float) and each rank's last op of the batch."""
+
+    periods: np.ndarray
+    last_rank: np.ndarray
+    last_ts: np.ndarray
+    last_seq: np.ndarray
 
 
 def cut_columns(cols: EventColumnsLike) -> Cut:

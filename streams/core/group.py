@@ -34,10 +34,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from streams.core.columns import EventColumnsLike
-from streams.core.comm import CommDetector, Cut, conn_arrays, cut_columns, progress_conns
+from streams.core.comm import (
+    CommDetector,
+    Cut,
+    Folded,
+    conn_arrays,
+    cut_columns,
+    progress_conns,
+)
 from streams.verdicts import Verdict
 
-__all__ = ["cut_many", "observe_many"]
+__all__ = ["cut_many", "fold_many", "observe_many"]
 
 _FEW = 2
 """Below this many communicators the grouped pass costs more than it saves."""
@@ -48,7 +55,60 @@ def observe_many(items: Sequence[tuple[CommDetector, EventColumnsLike]]) -> list
     verdicts of each, as :meth:`CommDetector.observe_columns` of it would return them.
     A communicator may appear once per call."""
     cuts = cut_many([c for _, c in items])
+    if len(cuts) >= _FEW:
+        fold_many([d for d, _ in items], cuts)
     return [d.observe_cut(c) for (d, _), c in zip(items, cuts, strict=True)]
+
+
+def fold_many(dets: Sequence[CommDetector], cuts: list[Cut]) -> None:
+    """Add to each cut (ops sorted, ``first`` set: :func:`cut_many`) what the fold into
+    its communicator's rank table computes (:class:`~streams.core.comm.Folded`): the
+    period between consecutive collectives of a rank by its own clock, with the table's
+    last op as the predecessor of a rank's first op of the batch — one numpy pass for
+    all communicators but the look-up of those predecessors."""
+    r = np.concatenate([c.ro for c in cuts])
+    if not len(r):
+        return
+    s = np.concatenate([c.seq for c in cuts])
+    ts = np.concatenate([c.ts for c in cuts])
+    first = np.concatenate([c.first for c in cuts])  # type: ignore[misc]
+    nf = np.zeros(len(cuts) + 1, np.int64)
+    np.cumsum([int(c.first.sum()) if len(c.ro) else 0 for c in cuts], out=nf[1:])  # type: ignore[union-attr]
+    rf = r[first]
+    f_ts = np.empty(len(rf), np.int64)
+    f_seq = np.empty(len(rf), np.int64)
+    for d, a, b in zip(dets, nf[:-1].tolist(), nf[1:].tolist(), strict=True):
+        if b > a:  # the table's last op of each rank (a rank not in it yet: none)
+            t, ranks = d.view.ranks, rf[a:b]
+            if int(ranks.max()) < t.n:
+                f_ts[a:b] = t.last_op_ts[ranks]
+                f_seq[a:b] = t.last_op_seq[ranks]
+            else:
+                known = ranks < t.n
+                f_ts[a:b], f_seq[a:b] = -1, -2  # what RankTable.grow gives a new rank
+                f_ts[a:b][known] = t.last_op_ts[ranks[known]]
+                f_seq[a:b][known] = t.last_op_seq[ranks[known]]
+    prev_ts = np.empty(len(r), np.int64)
+    prev_ts[1:] = ts[:-1]
+    prev_seq = np.empty(len(r), np.int64)
+    prev_seq[1:] = s[:-1]
+    prev_ts[first] = f_ts
+    prev_seq[first] = f_seq
+    periods = ts - prev_ts
+    ok = (prev_seq == s - 1) & (prev_ts >= 0) & (periods > 0)
+    good = periods[ok].astype(np.float64)
+    last = np.empty(len(r), bool)  # each rank's last op of its batch
+    last[-1] = True
+    last[:-1] = first[1:]
+    lr, lts, lseq = r[last], ts[last], s[last]
+    no = np.zeros(len(cuts) + 1, np.int64)
+    np.cumsum([len(c.ro) for c in cuts], out=no[1:])
+    n_ok = np.concatenate([[0], np.cumsum(ok)])[no].tolist()
+    n_last = np.concatenate([[0], np.cumsum(last)])[no].tolist()
+    for i, c in enumerate(cuts):
+        if len(c.ro):
+            a, b = n_last[i], n_last[i + 1]
+            c.folded = Folded(good[n_ok[i] : n_ok[i + 1]], lr[a:b], lts[a:b], lseq[a:b])
 
 
 def cut_many(parts: Sequence[EventColumnsLike]) -> list[Cut]:
