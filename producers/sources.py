@@ -192,10 +192,13 @@ def _read_file(
     on_bad: OnBad | None,
     seen: SeenMessages | None = None,
     blocks: bool = False,
+    alone: bool = False,
 ) -> Iterator[SourceBatch]:
+    """``alone``: the only file of its stream (blocks need no cut by second)."""
     name = str(path)
     if kind == "parquet" and blocks:
-        for row, block in read_parquet_blocks(path, job=job, on_bad=on_bad, seen=seen):
+        got = read_parquet_blocks(path, job=job, on_bad=on_bad, seen=seen, by_second=not alone)
+        for row, block in got:
             rows = LazyEvents(block.table, np.arange(block.n))
             yield SourceBatch(f"{name}:{row}", rows, block=block)
     elif kind == "trace":
@@ -317,13 +320,14 @@ def open_sources(
     archive: dict[Path, list[Iterator[SourceBatch]]] = {}  # Parquet files by directory
     seen: dict[Path, SeenMessages] = {}  # per directory: archived messages read once
     dumps: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
+    alone = len(found) == 1
     for p, f, kind, the_job in found:
         if kind == "flight_recorder":
             dumps.setdefault((p, the_job), []).append(f)
         elif kind == "parquet":
             dedupe = seen.setdefault(f.parent, SeenMessages())
             archive.setdefault(f.parent, []).append(
-                _read_file(f, kind, the_job, on_bad, dedupe, blocks)
+                _read_file(f, kind, the_job, on_bad, dedupe, blocks, alone)
             )
         else:
             streams.append(_read_file(f, kind, the_job, on_bad))

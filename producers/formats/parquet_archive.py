@@ -370,10 +370,14 @@ class BlockColumns:
         if self._table is None and len(self._src) == 1:  # no need to gather the rows first
             t, r = self._src[0]
             return LazyEvents(t, r[idx])
-        return LazyEvents(self.table, idx)
+        return _SliceRows(self, idx)  # the rows are gathered only if read
 
     def to_events(self) -> list[Event]:
         return table_events(self.table)
+
+    def get(self, pos: np.ndarray) -> list[Event]:
+        """Rows ``pos`` as event objects (for :class:`_SliceRows`)."""
+        return table_events(self.table.take(pa.array(pos, pa.int64())))
 
     @staticmethod
     def concat(parts: Sequence[BlockColumns]) -> BlockColumns:
@@ -419,11 +423,12 @@ class _SliceObjects:
 
 
 class _SliceRows(Sequence[Event]):
-    """Rows of a slice as event objects, from :class:`_SliceObjects` when first read."""
+    """Rows as event objects, from :class:`_SliceObjects` (or the rows of a
+    :class:`BlockColumns`) when first read."""
 
     __slots__ = ("_events", "_pos", "_shared")
 
-    def __init__(self, shared: _SliceObjects, pos: np.ndarray) -> None:
+    def __init__(self, shared: _SliceObjects | BlockColumns, pos: np.ndarray) -> None:
         self._shared, self._pos = shared, pos
         self._events: list[Event] | None = None
 
@@ -552,13 +557,15 @@ def read_parquet_blocks(
     on_bad: Callable[[BadLine], None] | None = None,
     seen: SeenMessages | None = None,
     max_rows: int = 65_536,
+    by_second: bool = True,
 ) -> Iterator[tuple[int, ArchiveBlock]]:
     """As :func:`read_parquet_columns`, many messages at a time: ``(first row number in
-    the file of the block's first message, the block)``. A block is a run of
-    consecutive messages whose earliest ``ts_us`` falls in the same second — the key
-    :func:`producers.sources.open_sources` merges the files of one directory by, so
-    merging blocks orders the messages as merging them one by one would — of at most
-    ``max_rows`` rows (whole messages; at least one)."""
+    the file of the block's first message, the block)``. A block holds consecutive
+    messages, at most ``max_rows`` rows (whole messages; at least one); with
+    ``by_second``, only messages whose earliest ``ts_us`` falls in the same second —
+    the key :func:`producers.sources.open_sources` merges the files of one directory
+    by, so merging blocks orders the messages as merging them one by one would (a
+    file read alone needs no such cut)."""
     got = _read_ordered(Path(path), job, on_bad, seen)
     if got is None:
         return
@@ -589,7 +596,9 @@ def read_parquet_blocks(
     *flat, off = conns.values()  # core_arrays: peer, send, bytes, time, then offsets
     bounds = np.append(pstart, n)
     part_key = msg_key[part_msg]
-    runs = np.flatnonzero(np.diff(part_key, prepend=part_key[0] - 1)).tolist() + [len(pstart)]
+    runs = (
+        np.flatnonzero(np.diff(part_key, prepend=part_key[0] - 1)).tolist() if by_second else [0]
+    ) + [len(pstart)]
     msg_start = np.flatnonzero(np.diff(part_msg, prepend=-1))  # parts that begin a message
     for ra, rb in zip(runs[:-1], runs[1:], strict=True):
         a = ra

@@ -25,13 +25,16 @@ from streams.core import DetectionPipeline
 from streams.detect import run_detect
 
 
-def _archive(trace: Path, root: Path, *, duplicate: int | None = None, per_msg: int = 1) -> int:
+def _archive(
+    trace: Path, root: Path, *, duplicate: int | None = None, per_msg: int = 1,
+    roll_bytes: int = 20_000,
+) -> int:  # fmt: skip
     """Write the trace's lines to the archive as the archiver would have, after they
     went through an 8-partition ``c4.events`` (keyed by communicator); returns the
     number of files. ``duplicate``: that batch is written twice (an archiver crash).
     ``per_msg``: lines per Kafka message (> 1: messages of several communicators)."""
     w = DatasetWriter(
-        root / "events", EVENTS, RollPolicy(roll_bytes=20_000, row_group_bytes=50_000)
+        root / "events", EVENTS, RollPolicy(roll_bytes=roll_bytes, row_group_bytes=50_000)
     )
     offsets = [0] * 8
     lines = [x for x in read_trace(trace) if isinstance(x, TraceLine)]
@@ -136,8 +139,14 @@ def test_blocks_of_messages_decide_like_messages_one_by_one(
 
 
 @pytest.mark.timeout(180)
-def test_network_faults_from_blocks_decide_like_the_trace(net_trace: Path, tmp_path: Path) -> None:
-    _archive(net_trace, tmp_path)
+@pytest.mark.parametrize("roll_bytes", [20_000, 1 << 30])
+def test_network_faults_from_blocks_decide_like_the_trace(
+    net_trace: Path, tmp_path: Path, roll_bytes: int
+) -> None:
+    """Several files (blocks cut by second for the merge) and one file (blocks of up
+    to 64k rows, slices spanning two blocks)."""
+    n_files = _archive(net_trace, tmp_path, roll_bytes=roll_bytes)
+    assert (n_files == 1) == (roll_bytes > 1 << 20)
     one_by_one, _ = _decide(tmp_path / "events", blocks=False)
     blocked, n_blocks = _decide(tmp_path / "events", blocks=True)
     assert n_blocks > 0
