@@ -10,10 +10,13 @@ this process, ``time.process_time``):
 * **parse JSON (baseline)** — read the ``.jsonl.gz`` and parse each line with msgspec
   into empty structs: every byte parsed, no field kept, no event object built. All
   ratios (×parse) are to this rate, measured in the same run;
-* the same from memory (as a worker gets messages); decode JSON → event objects (what
-  ``detect`` and the worker do today); decode Arrow messages → numpy columns per
+* the same from memory (as a worker gets messages); for scale, msgspec's generic decode
+  (JSON → dicts and lists) and the project's typed decode
+  (``producers.events.decode_message``: JSON → checked event objects, what ``detect``
+  and the worker do with JSON); decode Arrow messages → numpy columns per
   communicator; decode Arrow → event objects, one message at a time and a consumer
-  batch at a time (as the worker does); read the Parquet archive → messages;
+  batch at a time (as the worker does); read the Parquet archive → messages, and →
+  blocks of messages (what ``detect`` reads);
 * ``detect`` over the JSON trace and over the archive (``streams.detect.run_detect``:
   decode + the detection core + the correlator).
 
@@ -46,7 +49,7 @@ from producers.columnar import (
     encode_arrow,
 )
 from producers.events import decode_message
-from producers.formats.parquet_archive import read_parquet_messages
+from producers.formats.parquet_archive import read_parquet_blocks, read_parquet_messages
 from producers.simulator import SCENARIOS, with_gpus, write_trace
 from producers.traces import TraceLine, read_trace
 from sinks.archive.schemas import EVENTS
@@ -144,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         def dec_json() -> int:
             return sum(len(decode_message(r)) for r in raw_lines)
 
+        def dec_generic() -> int:
+            k = 0
+            for r in raw_lines:
+                out = msgspec.json.decode(r)
+                k += len(out) if isinstance(out, list) else 1
+            return k
+
         def dec_arrow_cols() -> int:
             return sum(c.n for m in arrow_msgs for c in decode_arrow(m))
 
@@ -169,8 +179,14 @@ def main(argv: list[str] | None = None) -> int:
                 t.num_rows for f in parquet_files for _, t in read_parquet_messages(f, job="j")
             )
 
+        def read_blocks() -> int:
+            return sum(b.n for f in parquet_files for _, b in read_parquet_blocks(f, job="j"))
+
         rows.append(("parse JSON lines already in memory, no objects", *_cpu(parse_mem), ""))
-        rows.append(("decode JSON in memory → event objects", *_cpu(dec_json), ""))
+        rows.append(("decode JSON in memory → dicts (msgspec generic; reference)",
+                     *_cpu(dec_generic), ""))  # fmt: skip
+        rows.append(("decode JSON in memory → event objects (typed decode_message; reference)",
+                     *_cpu(dec_json), ""))  # fmt: skip
         rows.append(("decode Arrow IPC → numpy columns", *_cpu(dec_arrow_cols), ""))
         rows.append(("decode Arrow IPC → event objects", *_cpu(dec_arrow_objs), ""))
         rows.append(
@@ -181,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
              *_cpu(dec_arrow_cols_many), "")
         )  # fmt: skip
         rows.append(("read Parquet archive → message columns", *_cpu(read_parquet), ""))
+        rows.append(("read Parquet archive → blocks of messages (as detect)",
+                     *_cpu(read_blocks), ""))  # fmt: skip
         res = None
 
         def det_json() -> int:
@@ -209,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         verdict = ""
         if target.startswith("≥ 0.8"):
             verdict = "met" if ratio >= 0.8 else "MISSED"
-        elif target.startswith("≥ 3"):
-            verdict = "met" if ratio >= 3 and rate >= 1_000_000 else "MISSED"
+        elif target.startswith("≥ 3"):  # two targets, each said
+            verdict = (
+                f"3× {'met' if ratio >= 3 else 'MISSED'}; "
+                f"1M/s {'met' if rate >= 1_000_000 else 'MISSED'}"
+            )
         print(f"| {name} | {k:,} | {s:.2f} | {rate:,.0f} | {ratio:.2f} | {target} | {verdict} |")
     print(f"\ncommands from JSON and from the archive byte-identical: {same}")
     return 0

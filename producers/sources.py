@@ -64,8 +64,10 @@ from producers.formats.flight_recorder import (
 )
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
 from producers.formats.parquet_archive import (
+    ArchiveBlock,
     SeenMessages,
     looks_like_parquet,
+    read_parquet_blocks,
     read_parquet_columns,
 )
 from producers.traces import BadLine, TraceLine, read_trace
@@ -112,10 +114,15 @@ class SourceBatch:
     columns: list[EventColumns] | None = None
     """The same events as columns, one part per communicator (the Parquet archive), for
     consumers that take columns (``c4stream detect``)."""
+    block: ArchiveBlock | None = None
+    """Many archived messages at once, as one set of columns (``open_sources(...,
+    blocks=True)``); ``columns`` is then None."""
 
     @property
     def ts_us(self) -> int:
         """Earliest event time of the batch (0 when empty), the order :func:`open_sources` uses."""
+        if self.block is not None:
+            return int(self.block.ts_us.min())
         if self.columns is not None:
             return min((int(c.ts_us.min()) for c in self.columns), default=0)
         return min((e.ts_us for e in self.events), default=0)
@@ -179,10 +186,22 @@ def list_files(path: str | Path) -> list[Path]:
 
 
 def _read_file(
-    path: Path, kind: Kind, job: str, on_bad: OnBad | None, seen: SeenMessages | None = None
+    path: Path,
+    kind: Kind,
+    job: str,
+    on_bad: OnBad | None,
+    seen: SeenMessages | None = None,
+    blocks: bool = False,
+    alone: bool = False,
 ) -> Iterator[SourceBatch]:
+    """``alone``: the only file of its stream (blocks need no cut by second)."""
     name = str(path)
-    if kind == "trace":
+    if kind == "parquet" and blocks:
+        got = read_parquet_blocks(path, job=job, on_bad=on_bad, seen=seen, by_second=not alone)
+        for row, block in got:
+            rows = LazyEvents(block.table, np.arange(block.n))
+            yield SourceBatch(f"{name}:{row}", rows, block=block)
+    elif kind == "trace":
         for item in read_trace(path):
             if isinstance(item, TraceLine):
                 yield SourceBatch(f"{name}:{item.lineno}", item.events, item.raw)
@@ -271,33 +290,47 @@ def open_sources(
     *,
     on_bad: OnBad | None = None,
     job: str | None = None,
+    blocks: bool = False,
 ) -> Iterator[SourceBatch]:
     """Batches of several paths, merged by each batch's earliest event time.
 
     Every file is checked up front (so a missing path fails before anything is read),
-    then read lazily: memory stays bounded by one batch per file.
+    then read lazily: memory stays bounded by one batch per file (a block: at most
+    64k rows). ``blocks``: the Parquet archive comes as :class:`ArchiveBlock` (many
+    messages per batch) when it is the only stream (one directory of files, merged by
+    the second of their messages; with other streams, merged by exact event time,
+    messages come one at a time as without ``blocks``).
     """
     streams: list[Iterator[SourceBatch]] = []
-    archive: dict[Path, list[Iterator[SourceBatch]]] = {}  # Parquet files by directory
-    seen: dict[Path, SeenMessages] = {}  # per directory: archived messages read once
-    dumps: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
+    found: list[tuple[Path, Path, Kind, str]] = []  # (path given, file, kind, job)
     for path in paths:
         p = Path(path)
         the_job = job or inspector_job_from_dir(p if p.is_dir() else p.parent)
         for f in list_files(p):
             try:
-                kind = sniff(f)
+                found.append((p, f, sniff(f), the_job))
             except OSError as err:
                 raise SourceError(f"{f}: cannot read: {err}") from None
-            if kind == "flight_recorder":
-                dumps.setdefault((p, the_job), []).append(f)
-            elif kind == "parquet":
-                dedupe = seen.setdefault(f.parent, SeenMessages())
-                archive.setdefault(f.parent, []).append(
-                    _read_file(f, kind, the_job, on_bad, dedupe)
-                )
-            else:
-                streams.append(_read_file(f, kind, the_job, on_bad))
+    # blocks only when the archive is one stream: nothing to interleave message by message
+    blocks = (
+        blocks
+        and len({f.parent for _, f, _, _ in found}) == 1
+        and all(kind == "parquet" for _, _, kind, _ in found)
+    )
+    archive: dict[Path, list[Iterator[SourceBatch]]] = {}  # Parquet files by directory
+    seen: dict[Path, SeenMessages] = {}  # per directory: archived messages read once
+    dumps: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
+    alone = len(found) == 1
+    for p, f, kind, the_job in found:
+        if kind == "flight_recorder":
+            dumps.setdefault((p, the_job), []).append(f)
+        elif kind == "parquet":
+            dedupe = seen.setdefault(f.parent, SeenMessages())
+            archive.setdefault(f.parent, []).append(
+                _read_file(f, kind, the_job, on_bad, dedupe, blocks, alone)
+            )
+        else:
+            streams.append(_read_file(f, kind, the_job, on_bad))
     for (_, the_job), files in dumps.items():
         for snapshot in _snapshots(files):
             streams.append(_read_snapshot(snapshot, the_job, on_bad))

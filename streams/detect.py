@@ -73,7 +73,7 @@ def _batches(paths: list[Path], on_bad: Callable[[BadLine], None]) -> Iterator[S
                 f"{p}: no such file or directory; give a trace file or dump directory that exists"
             )
     try:
-        yield from open_sources(paths, on_bad=on_bad)
+        yield from open_sources(paths, on_bad=on_bad, blocks=True)
     except SourceError as err:
         raise DetectInputError(str(err)) from None
     except OSError as err:
@@ -104,13 +104,24 @@ def run_detect(
     snapshots: dict[str, list[Event]] = {}
     with _open_out(outp) as fh:
         for batch in batches:
-            cols = batch.columns  # the Parquet archive: judged as columns, no objects
-            if res.first_ts_us is None and (cols or batch.events):
-                res.first_ts_us = int(cols[0].ts_us[0]) if cols else batch.events[0].ts_us
+            cols, block = batch.columns, batch.block  # the Parquet archive: as columns
+            if res.first_ts_us is None and (cols or block or batch.events):
+                res.first_ts_us = (
+                    int(block.ts_us[0])
+                    if block is not None
+                    else int(cols[0].ts_us[0])
+                    if cols
+                    else batch.events[0].ts_us
+                )
             if batch.snapshot is not None:
                 snapshots.setdefault(batch.snapshot, []).extend(batch.events)
                 continue
-            cmds = pipe.feed_columns(cols) if cols is not None else pipe.feed(batch.events)
+            if block is not None:
+                cmds = pipe.feed_block(block)
+            elif cols is not None:
+                cmds = pipe.feed_columns(cols)
+            else:
+                cmds = pipe.feed(batch.events)
             for cmd in cmds:
                 fh.write(encode_command(cmd) + b"\n")
         for snap in snapshots.values():

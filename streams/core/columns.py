@@ -1,5 +1,11 @@
 """What the core needs from a batch given as columns (the columnar ingest path).
 
+Two shapes: :class:`EventColumnsLike` is one communicator's rows (one message, or the
+parts of one time slice joined); :class:`ColumnBlockLike` is many consecutive messages
+of many communicators in one set of arrays (a stretch of the Parquet archive), which
+:meth:`streams.core.pipeline.DetectionPipeline.feed_block` routes without an object per
+message: the per-message work left is a few integer comparisons.
+
 :meth:`streams.core.comm.CommDetector.observe_columns` takes any object with this shape;
 :class:`producers.columnar.EventColumns` (decoded from Arrow IPC messages or read from
 the Parquet archive) is the one the project uses. The core itself stays numpy-only: it
@@ -16,7 +22,7 @@ import numpy as np
 
 from producers.events import Event
 
-__all__ = ["EventColumnsLike"]
+__all__ = ["ColumnBlockLike", "EventColumnsLike"]
 
 
 class EventColumnsLike(Protocol):
@@ -63,3 +69,37 @@ class EventColumnsLike(Protocol):
 
     def concat(self, parts: Sequence[EventColumnsLike]) -> EventColumnsLike:
         """Several parts of one communicator (this one among them) as one, in order."""
+
+
+class ColumnBlockLike(Protocol):
+    """Consecutive batches ("parts": one communicator's rows of one message each) of
+    one or more communicators and jobs, in arrival order, as one set of columns.
+
+    The per-part facts are Python lists (the pipeline walks them part by part, as it
+    walks messages); the rows stay in arrays until :meth:`select` cuts them per
+    communicator."""
+
+    @property
+    def part_comm(self) -> list[str]:
+        """Per part: its communicator."""
+
+    @property
+    def part_job(self) -> list[str]:
+        """Per part: its job."""
+
+    @property
+    def part_ts_lo(self) -> list[int]:
+        """Per part: its earliest ``ts_us``."""
+
+    @property
+    def part_ts_hi(self) -> list[int]:
+        """Per part: its latest ``ts_us``."""
+
+    @property
+    def part_n(self) -> list[int]:
+        """Per part: its number of rows (events)."""
+
+    def select(self, parts: np.ndarray) -> list[EventColumnsLike]:
+        """The rows of ``parts`` (ascending part numbers), one columns object per
+        communicator in order of first appearance, each with its parts' rows in order:
+        what :meth:`EventColumnsLike.concat` of those parts one by one would give."""

@@ -32,6 +32,7 @@ in it (hang threshold 2.5 s).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -40,14 +41,22 @@ from producers.events import Event, OpEvent, ProgressEvent
 from streams.core import checkpoint as ck
 from streams.core.columns import EventColumnsLike
 from streams.core.config import DetectConfig
-from streams.core.detector import Batch, CommView, ConnArrays, Detector, Output, Window
+from streams.core.detector import (
+    Batch,
+    CommView,
+    ConnArrays,
+    Detector,
+    Output,
+    ProgressConnArrays,
+    Window,
+)
 from streams.core.findings import Census, Finding, Observation
 from streams.core.ranks import RankTable
 from streams.core.registry import build_detectors, load_detector
 from streams.core.stats import NormalModel, NormalState, stable_id
 from streams.verdicts import Verdict
 
-__all__ = ["CommDetector"]
+__all__ = ["CommDetector", "Cut", "Folded", "cut_columns", "progress_conns"]
 
 _TICK_US = 500_000  # how often (event time) detectors' tick runs; hangs cost O(ranks)
 _SCHEMA = 1
@@ -158,58 +167,32 @@ class CommDetector:
         verdicts and state, without an object per event. Objects are built only for the
         rows a detector reads whole — ops that carry connections, progress events (read
         only while an op is in flight) — and for ranks seen for the first time."""
-        n = cols.n
-        if n == 0:
+        if cols.n == 0:
             return []
+        return self.observe_cut(cut_columns(cols))
+
+    def observe_cut(self, c: Cut) -> list[Verdict]:
+        """:meth:`observe_columns` of columns already cut into the arrays the core reads
+        (:func:`cut_columns`, or :class:`~streams.core.group.CommGroup` for many
+        communicators at once)."""
         v = self.view
         if not v.job:
-            v.job, v.comm_name = cols.job, cols.comm_name
-        nr = cols.int("nranks")
-        top = max(int(nr[0]), int(nr[-1]))
-        if top > v.ranks.n:
-            self._grow(top)
-        is_op = cols.is_op
-        op_rows = np.flatnonzero(is_op)
-        pr_rows = np.flatnonzero(~is_op) if op_rows.size < n else op_rows[:0]
-        rank = cols.int("rank")
-        ts_all = cols.int("ts_us")
+            v.job, v.comm_name = c.job, c.comm_name
+        if c.top > v.ranks.n:
+            self._grow(c.top)
         out: list[Verdict] = []
-        ts_max = int(ts_all.max())
-        if ts_max > v.now:  # as in observe()
-            out = self._verdicts(self._roll_window(ts_max))
-            v.now = ts_max
+        if c.ts_max > v.now:  # as in observe()
+            out = self._verdicts(self._roll_window(c.ts_max))
+            v.now = c.ts_max
         if v.first_us < 0:
             v.first_us = v.now
-        self.n_events += n
-        order = np.concatenate([op_rows, pr_rows])  # observe()'s order: ops, then progress
-        self._learn_identities(cols.rows(order), rank[order])
-        ro, rp = rank[op_rows], rank[pr_rows]
-        s = cols.int("seq")[op_rows]
-        distinct = np.unique(s).tolist()
-        counts = cols.conn_counts()[op_rows]
-        with_conns = op_rows[counts > 0]
-        conns = None
-        if with_conns.size:
-            k = counts[counts > 0]
-            peer, send, nbytes, time_us = cols.conn_arrays(with_conns)
-            conns = ConnArrays(
-                np.repeat(rank[with_conns], k), np.repeat(s[counts > 0], k), peer, send,
-                nbytes, time_us,
-            )  # fmt: skip
+        self.n_events += c.n
+        self._learn_identities(c.ident, c.ident_rank)
         batch = self._fold(
-            cols.rows(with_conns),  # objects only if a detector reads them
-            ro,
-            s,
-            cols.float("exec_us")[op_rows],
-            ts_all[op_rows],
-            distinct,
-            cols.rows(pr_rows),
-            rp,
-            cols.int("started")[pr_rows],
-            cols.int("completed")[pr_rows],
-            cols.float("inflight_us")[pr_rows],
-            conns,
-        )
+            c.op_objs, c.ro, c.seq, c.exec_us, c.ts, c.distinct, c.prog, c.rp, c.started,
+            c.completed, c.inflight_us, c.conns, c.first, c.folded,
+        )  # fmt: skip
+        batch.prog_conns = c.prog_conns
         for d in self.detectors:
             d.learn(v, batch)
         return out + self._verdicts(self._tick())
@@ -337,24 +320,38 @@ class CommDetector:
         cp: np.ndarray,
         infl: np.ndarray,
         conns: ConnArrays | None = None,
+        first: np.ndarray | None = None,
+        folded: Folded | None = None,
     ) -> Batch:
         """:meth:`_batch` from arrays (op fields in arrival order, ``distinct`` seqs
-        ascending; ``infl`` 0 where absent), shared by the object and the column path."""
+        ascending; ``infl`` 0 where absent), shared by the object and the column path.
+        ``first``: the op fields come sorted by (rank, seq) already, and this marks
+        each rank's first op (the grouped path sorts all communicators at once);
+        ``folded``: the periods and each rank's last op computed with them."""
         v, t = self.view, self.view.ranks
         empty = np.empty(0, np.int64)
         if not len(ro):
             r = s = ts = empty
             x = np.empty(0, np.float64)
+        elif folded is not None:
+            r = ro
+            v.model.learn_periods(folded.periods)
+            t.last_op_ts[folded.last_rank] = folded.last_ts
+            t.last_op_seq[folded.last_rank] = folded.last_seq
+            v.model.learn_ops(x)
         else:
             k = len(ro)
             # period between consecutive collectives of one rank, by that rank's own
             # clock: sort by (rank, seq); an event's predecessor is the one before it in
             # the sorted batch, or the table's last op of its rank for its first event
-            o = np.lexsort((s, ro))
-            r, s, ts, x = ro[o], s[o], ts[o], x[o]
-            first = np.empty(k, bool)
-            first[0] = True
-            np.not_equal(r[1:], r[:-1], out=first[1:])
+            if first is None:
+                o = np.lexsort((s, ro))
+                r, s, ts, x = ro[o], s[o], ts[o], x[o]
+                first = np.empty(k, bool)
+                first[0] = True
+                np.not_equal(r[1:], r[:-1], out=first[1:])
+            else:
+                r = ro
             prev_ts = np.empty(k, np.int64)
             prev_ts[1:] = ts[:-1]
             prev_seq = np.empty(k, np.int64)
@@ -459,3 +456,100 @@ class CommDetector:
             peer_host=peer,
             benign=benign,
         )
+
+
+@dataclass(slots=True)
+class Cut:
+    """One communicator's batch as the arrays the core reads (see :func:`cut_columns`)."""
+
+    n: int
+    job: str
+    comm_name: str | None
+    top: int
+    """Ranks the batch says the communicator has (first and last row's ``nranks``)."""
+    ts_max: int
+    ident: Sequence[Event]
+    """Ops, then progress events, in arrival order (read only for ranks first seen)."""
+    ident_rank: np.ndarray
+    op_objs: Sequence[OpEvent]
+    """The ops that carry connections (objects only if a detector reads them)."""
+    ro: np.ndarray
+    seq: np.ndarray
+    exec_us: np.ndarray
+    ts: np.ndarray
+    """Op fields: in arrival order, or sorted by (rank, seq) when ``first`` is set."""
+    distinct: list[int]
+    prog: Sequence[ProgressEvent]
+    rp: np.ndarray
+    started: np.ndarray
+    completed: np.ndarray
+    inflight_us: np.ndarray
+    conns: ConnArrays | None
+    first: np.ndarray | None = None
+    prog_conns: ProgressConnArrays | None = None
+    folded: Folded | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """What the fold of a batch's ops into the rank table computes, done for many
+    communicators at once (:mod:`streams.core.group`): the periods to learn (in the
+    fold's order, as float) and each rank's last op of the batch."""
+
+    periods: np.ndarray
+    last_rank: np.ndarray
+    last_ts: np.ndarray
+    last_seq: np.ndarray
+
+
+def cut_columns(cols: EventColumnsLike) -> Cut:
+    """One communicator's columns (``n`` > 0) cut for :meth:`CommDetector.observe_cut`."""
+    n = cols.n
+    nr = cols.int("nranks")
+    is_op = cols.is_op
+    op_rows = np.flatnonzero(is_op)
+    pr_rows = np.flatnonzero(~is_op) if op_rows.size < n else op_rows[:0]
+    rank = cols.int("rank")
+    ts_all = cols.int("ts_us")
+    order = np.concatenate([op_rows, pr_rows])  # observe()'s order: ops, then progress
+    s = cols.int("seq")[op_rows]
+    counts = cols.conn_counts()[op_rows]
+    started, completed = cols.int("started")[pr_rows], cols.int("completed")[pr_rows]
+    return Cut(
+        n=n, job=cols.job, comm_name=cols.comm_name, top=max(int(nr[0]), int(nr[-1])),
+        ts_max=int(ts_all.max()), ident=cols.rows(order), ident_rank=rank[order],
+        op_objs=cols.rows(op_rows[counts > 0]), ro=rank[op_rows], seq=s,
+        exec_us=cols.float("exec_us")[op_rows], ts=ts_all[op_rows],
+        distinct=np.unique(s).tolist(), prog=cols.rows(pr_rows), rp=rank[pr_rows],
+        started=started, completed=completed, inflight_us=cols.float("inflight_us")[pr_rows],
+        conns=conn_arrays(cols, op_rows, counts, rank, s),
+        prog_conns=progress_conns(cols, pr_rows, started > completed),
+    )  # fmt: skip
+
+
+def conn_arrays(
+    cols: EventColumnsLike, op_rows: np.ndarray, counts: np.ndarray, rank: np.ndarray,
+    s: np.ndarray,
+) -> ConnArrays | None:  # fmt: skip
+    """The connections of the ops ``op_rows`` (``counts`` each; ``s`` their seqs)."""
+    has = counts > 0
+    with_conns = op_rows[has]
+    if not with_conns.size:
+        return None
+    k = counts[has]
+    peer, send, nbytes, time_us = cols.conn_arrays(with_conns)
+    return ConnArrays(np.repeat(rank[with_conns], k), np.repeat(s[has], k), peer, send,
+                      nbytes, time_us)  # fmt: skip
+
+
+def progress_conns(
+    cols: EventColumnsLike, pr_rows: np.ndarray, busy: np.ndarray
+) -> ProgressConnArrays | None:
+    """The connections of the progress rows, when the columns offer them as integer
+    arrays (an optional ``progress_conns(idx)`` method) and a row has an op in flight
+    (``busy``: only then are they read); None: the hang detector reads objects, if any."""
+    get = getattr(cols, "progress_conns", None)
+    if get is None or not busy.any():
+        return None
+    got = get(pr_rows)
+    return None if got is None else ProgressConnArrays(*got)

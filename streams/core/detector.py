@@ -41,7 +41,7 @@ from streams.core.findings import Finding, Observation
 from streams.core.ranks import RankTable
 from streams.core.stats import NormalModel
 
-__all__ = ["Batch", "CommView", "ConnArrays", "Detector", "Output", "Window"]
+__all__ = ["Batch", "CommView", "ConnArrays", "Detector", "Output", "ProgressConnArrays", "Window"]
 
 Output = list[Finding | Observation]
 
@@ -67,6 +67,22 @@ class Batch:
     conns: ConnArrays | None = None
     """The connections of the ops that carry any, as arrays, when the batch came as
     columns (then a detector need not read ``ops``); None: read them from ``ops``."""
+    prog_conns: ProgressConnArrays | None = None
+    """The connections of the progress events, as arrays, when the columns had them
+    (then a detector need not read ``prog``); None: read them from ``prog``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressConnArrays:
+    """Per progress event (``Batch.prog`` order) its connections ``offsets[i]:offsets[i
+    + 1]`` of the flat arrays: peer rank, send (else recv), bytes, retransmits (0 when
+    absent); integers as the events carry them."""
+
+    offsets: np.ndarray
+    peer: np.ndarray
+    send: np.ndarray
+    nbytes: np.ndarray
+    retrans: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)

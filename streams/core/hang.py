@@ -151,6 +151,23 @@ class ProgressConns:
             e[5] += max(0, moved)
             e[1], e[2] = c.bytes, rt
 
+    def update_arrays(
+        self, rank: int, started: int, peer: list[int], send: list[bool], nbytes: list[int],
+        retrans: list[int],
+    ) -> None:  # fmt: skip
+        """:meth:`update` of one event's connections given as lists (the column path)."""
+        mine = self.by_rank.setdefault(rank, {})
+        for key, b, rt in zip(zip(peer, send, strict=True), nbytes, retrans, strict=True):
+            e = mine.get(key)
+            if e is None or e[0] != started:
+                mine[key] = [started, b, rt, 0, 0, 0]
+                continue
+            moved = b - e[1]
+            e[3] = e[3] + 1 if moved <= 0 else 0
+            e[4] += max(0, rt - e[2])
+            e[5] += max(0, moved)
+            e[1], e[2] = b, rt
+
     def nbytes(self) -> int:
         return sum(100 + 120 * len(v) for v in self.by_rank.values())
 
@@ -236,6 +253,24 @@ class HangDetector:
             return
         # per-connection progress matters only for in-flight ops; events in order, since
         # a rank may report twice in one batch
+        a = batch.prog_conns
+        if a is not None:  # the same, from columns: no event objects
+            off = a.offsets.tolist()
+            peer, send, nb, rt = (
+                a.peer.tolist(),
+                a.send.tolist(),
+                a.nbytes.tolist(),
+                a.retrans.tolist(),
+            )
+            st, cp = batch.started.tolist(), batch.completed.tolist()
+            for i, r in enumerate(batch.prog_rank.tolist()):
+                if st[i] > cp[i]:
+                    lo, hi = off[i], off[i + 1]
+                    if hi > lo:
+                        pc.update_arrays(r, st[i], peer[lo:hi], send[lo:hi], nb[lo:hi], rt[lo:hi])
+                elif pc.by_rank and r in pc.by_rank:
+                    pc.drop(r)
+            return
         for e in batch.prog:
             if e.started > e.completed:
                 if e.conns:

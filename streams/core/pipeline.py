@@ -22,12 +22,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from producers.events import Event
 from streams.commands import IsolationCommand
-from streams.core.columns import EventColumnsLike
+from streams.core.columns import ColumnBlockLike, EventColumnsLike
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.core.correlate import HostCorrelator, LateEvidence
+from streams.core.group import observe_many
 from streams.core.snapshot import judge_snapshot
 from streams.verdicts import Verdict
 
@@ -47,6 +50,8 @@ class _Lane:
     cols: dict[str, list[EventColumnsLike]] = field(default_factory=dict)
     """Communicators fed as columns: their parts of the open slice (``buf`` holds an
     empty list for them, so the order of communicators is the order of arrival)."""
+    blocks: list[tuple[ColumnBlockLike, list[int]]] = field(default_factory=list)
+    """Parts of blocks in the open slice (cut per communicator only when it closes)."""
 
 
 class DetectionPipeline:
@@ -154,6 +159,8 @@ class DetectionPipeline:
         for cols in parts:
             if cols.n == 0:
                 continue
+            if self.lanes.get(cols.job) is not None:
+                self._cut_blocks(self.lanes[cols.job])  # keep the order of arrival
             ts = cols.int("ts_us")
             ts_lo, ts_hi = int(ts.min()), int(ts.max())
             comm, job = cols.comm, cols.job
@@ -173,6 +180,51 @@ class DetectionPipeline:
             lane.cols.setdefault(comm, []).append(cols)
             lane.buffered += cols.n
         return out
+
+    def feed_block(self, block: ColumnBlockLike) -> list[IsolationCommand]:
+        """As :meth:`feed_columns` of the block's parts one by one (same slices, same
+        verdicts and commands), without an object per part: a part costs a few integer
+        comparisons here, and the rows of a slice are cut per communicator in one go
+        when it closes."""
+        out: list[IsolationCommand] = []
+        judged_of, lateness, tick = self._judged, self._lateness, self._tick_us
+        jobs, lo_l, hi_l, n_l = block.part_job, block.part_ts_lo, block.part_ts_hi, block.part_n
+        job, lane, mine = "", None, None
+        for i, comm in enumerate(block.part_comm):
+            ts_hi = hi_l[i]
+            judged = judged_of.get(comm, -1)
+            if judged - ts_hi > lateness:
+                self.late_events.append((jobs[i], comm, n_l[i], judged - ts_hi))
+                continue
+            if jobs[i] != job or lane is None:
+                job = jobs[i]
+                lane = self._lane(job)
+                mine = None
+            ts_lo = lo_l[i]
+            if ts_lo >= lane.slice_end or lane.buffered >= self._max_buffer:
+                if lane.buffered:
+                    out += self._flush(job, lane)
+                    mine = None
+                if ts_lo >= lane.slice_end:
+                    lane.slice_end = ts_lo - ts_lo % tick + tick
+            if ts_hi > lane.now:
+                lane.now = ts_hi
+            if comm not in lane.buf:
+                lane.buf[comm] = []
+            if mine is None:
+                if not lane.blocks or lane.blocks[-1][0] is not block:
+                    lane.blocks.append((block, []))
+                mine = lane.blocks[-1][1]
+            mine.append(i)
+            lane.buffered += n_l[i]
+        return out
+
+    def _cut_blocks(self, lane: _Lane) -> None:
+        """The lane's block parts, per communicator, into ``lane.cols``."""
+        for block, parts in lane.blocks:
+            for cols in block.select(np.array(parts, np.int64)):
+                lane.cols.setdefault(cols.comm, []).append(cols)
+        lane.blocks.clear()
 
     def judge_snapshot(self, events: Sequence[Event]) -> list[IsolationCommand]:
         """Judge one snapshot (every rank's dump taken at one moment) as a whole
@@ -214,6 +266,10 @@ class DetectionPipeline:
 
     def _flush(self, job: str, lane: _Lane) -> list[IsolationCommand]:
         verdicts: list[Verdict] = []
+        if lane.blocks:
+            self._cut_blocks(lane)
+        grouped: list[tuple[CommDetector, EventColumnsLike]] = []
+        slots: list[int | list[Verdict]] = []  # per communicator: its grouped index, or verdicts
         for comm, evs in lane.buf.items():
             d = self.detectors.get(comm)
             if d is None:
@@ -221,11 +277,15 @@ class DetectionPipeline:
                 lane.comms.append(comm)
             cols = lane.cols.get(comm)
             if cols is None:
-                verdicts += d.observe(evs)
-            elif not evs:
-                verdicts += d.observe_columns(cols[0].concat(cols))
+                slots.append(d.observe(evs))
+            elif not evs:  # columns: judged with the slice's other communicators
+                slots.append(len(grouped))
+                grouped.append((d, cols[0].concat(cols)))
             else:  # fed both ways in one slice (mixed inputs): as objects
-                verdicts += d.observe(evs + [e for c in cols for e in c.to_events()])
+                slots.append(d.observe(evs + [e for c in cols for e in c.to_events()]))
+        got = observe_many(grouped) if grouped else []
+        for x in slots:  # in the order of arrival, as one by one
+            verdicts += got[x] if isinstance(x, int) else x
         self.n_events += lane.buffered
         lane.buf.clear()  # in place: feed() holds a reference to this dict
         lane.cols.clear()

@@ -15,24 +15,33 @@ import pytest
 
 from producers.columnar import events_table as contract_table
 from producers.simulator import SCENARIOS, FaultSpec, write_trace
-from producers.sources import open_source, sniff
+from producers.sources import open_source, open_sources, sniff
 from producers.traces import BadLine, TraceLine, read_trace
 from sinks.archive.schemas import EVENTS, VERDICTS
 from sinks.archive.tables import MessageSources, events_table
 from sinks.archive.writer import DatasetWriter, RollPolicy
 from streams.commands import decode_command
+from streams.core import DetectionPipeline
 from streams.detect import run_detect
 
 
-def _archive(trace: Path, root: Path, *, duplicate: int | None = None) -> int:
+def _archive(
+    trace: Path, root: Path, *, duplicate: int | None = None, per_msg: int = 1,
+    roll_bytes: int = 20_000,
+) -> int:  # fmt: skip
     """Write the trace's lines to the archive as the archiver would have, after they
     went through an 8-partition ``c4.events`` (keyed by communicator); returns the
-    number of files. ``duplicate``: that batch is written twice (an archiver crash)."""
+    number of files. ``duplicate``: that batch is written twice (an archiver crash).
+    ``per_msg``: lines per Kafka message (> 1: messages of several communicators)."""
     w = DatasetWriter(
-        root / "events", EVENTS, RollPolicy(roll_bytes=20_000, row_group_bytes=50_000)
+        root / "events", EVENTS, RollPolicy(roll_bytes=roll_bytes, row_group_bytes=50_000)
     )
     offsets = [0] * 8
     lines = [x for x in read_trace(trace) if isinstance(x, TraceLine)]
+    lines = [
+        TraceLine("", 0, b"", [e for x in lines[k : k + per_msg] for e in x.events])
+        for k in range(0, len(lines), per_msg)
+    ]
     files = []
     for k in range(0, len(lines), 40):  # consumer batches of 40 messages
         events, msgs = [], []
@@ -63,6 +72,22 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d / "trace.jsonl.gz"
 
 
+@pytest.fixture(scope="module")
+def net_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Network faults: the hang detector follows progress connections (as arrays when
+    the archive comes in blocks)."""
+    d = tmp_path_factory.mktemp("arch-net")
+    cfg = msgspec.structs.replace(
+        SCENARIOS["healthy"], job="net", hosts=8, duration_s=44, seed=11,
+        faults=[
+            FaultSpec(kind="slow_nic", host=4, nic=1, start_s=6, end_s=20, severity=0.4),
+            FaultSpec(kind="link_hang", host=6, nic=3, peer_host=7, start_s=28),
+        ],
+    )  # fmt: skip
+    write_trace(cfg, d / "trace.jsonl.gz", d / "truth.json")
+    return d / "trace.jsonl.gz"
+
+
 @pytest.mark.timeout(180)
 def test_archive_gives_the_same_commands_as_the_trace(trace: Path, tmp_path: Path) -> None:
     n_files = _archive(trace, tmp_path / "a", duplicate=3)
@@ -74,6 +99,62 @@ def test_archive_gives_the_same_commands_as_the_trace(trace: Path, tmp_path: Pat
     assert len(a.commands) >= 2, "the straggler and the hang are isolated"
     assert {c.host for c in a.commands} >= {"node-002", "node-006"}
     assert b.n_events == a.n_events  # the duplicated batch is read once
+    assert (tmp_path / "from-archive.jsonl").read_bytes() == (
+        tmp_path / "from-trace.jsonl"
+    ).read_bytes()
+
+
+def _decide(events_dir: Path, blocks: bool) -> tuple[list[bytes], int]:
+    """Verdicts and commands of the pipeline fed the archive message by message
+    (``feed_columns``) or a block of messages at a time (``feed_block``)."""
+    pipe = DetectionPipeline()
+    n_blocks = 0
+    for b in open_sources([events_dir], blocks=blocks):
+        if b.block is not None:
+            n_blocks += 1
+            pipe.feed_block(b.block)
+        else:
+            assert b.columns is not None
+            pipe.feed_columns(b.columns)
+    pipe.finish()
+    out = [msgspec.json.encode(v) for v in pipe.verdicts]
+    return out + [msgspec.json.encode(c) for c in pipe.commands], n_blocks
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("per_msg", [1, 3])
+def test_blocks_of_messages_decide_like_messages_one_by_one(
+    trace: Path, tmp_path: Path, per_msg: int
+) -> None:
+    """Several files in one directory (merged by second), duplicates, and (per_msg 3)
+    messages of several communicators: blocks give the same verdicts, in order."""
+    _archive(trace, tmp_path, duplicate=2, per_msg=per_msg)
+    one_by_one, none = _decide(tmp_path / "events", blocks=False)
+    blocked, n_blocks = _decide(tmp_path / "events", blocks=True)
+    assert none == 0 and n_blocks > 0
+    n_msgs = sum(1 for _ in open_sources([tmp_path / "events"]))
+    assert n_blocks < n_msgs / 10, "blocks hold many messages"
+    assert any(b'"noncomm_hang"' in v for v in one_by_one), "the faults are found"
+    assert blocked == one_by_one
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("roll_bytes", [20_000, 1 << 30])
+def test_network_faults_from_blocks_decide_like_the_trace(
+    net_trace: Path, tmp_path: Path, roll_bytes: int
+) -> None:
+    """Several files (blocks cut by second for the merge) and one file (blocks of up
+    to 64k rows, slices spanning two blocks)."""
+    n_files = _archive(net_trace, tmp_path, roll_bytes=roll_bytes)
+    assert (n_files == 1) == (roll_bytes > 1 << 20)
+    one_by_one, _ = _decide(tmp_path / "events", blocks=False)
+    blocked, n_blocks = _decide(tmp_path / "events", blocks=True)
+    assert n_blocks > 0
+    assert any(b'"comm_hang"' in v for v in blocked) and any(b'"slow_nic"' in v for v in blocked)
+    assert blocked == one_by_one
+    a = run_detect([net_trace], tmp_path / "from-trace.jsonl")
+    run_detect([tmp_path / "events"], tmp_path / "from-archive.jsonl")
+    assert {c.fault for c in a.commands} >= {"comm_hang", "slow_nic"}
     assert (tmp_path / "from-archive.jsonl").read_bytes() == (
         tmp_path / "from-trace.jsonl"
     ).read_bytes()

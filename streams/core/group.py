@@ -1,0 +1,192 @@
+"""Many communicators' batches of one time slice, cut in one numpy pass.
+
+A job of many small communicators (a 1,024-GPU job has about 136, mostly of 8 ranks)
+sends each of them a batch of a few dozen events per slice. Cut one at a time
+(:func:`~streams.core.comm.cut_columns`), each batch pays the same two dozen numpy
+calls on arrays of a few elements, and that fixed cost, not the events, is what the
+core spends its time on. :func:`observe_many` lays the slice's batches end to end,
+does that work once for all of them — the split into ops and progress events, the
+sort by (communicator, rank, seq), each rank's first op, the distinct collectives,
+the newest time — and hands each communicator its views of the result
+(:class:`~streams.core.comm.Cut`). Each communicator's own state (rank table, learned
+normal, detectors, checkpoints) is then updated as before, in the same order, so the
+verdicts and the state are those of :meth:`CommDetector.observe_columns` called one
+communicator after the other.
+
+>>> from producers.columnar import decode_arrow, encode_arrow
+>>> from producers.events import ProgressEvent
+>>> from streams.core.config import DetectConfig
+>>> def hb(comm, rank):
+...     return ProgressEvent(v=1, job="j", comm=comm, nranks=2, rank=rank, host=f"h{rank}",
+...                          ts_us=1_000_000, started=3, completed=3)
+>>> a, b = CommDetector("a", DetectConfig()), CommDetector("b", DetectConfig())
+>>> cols = [decode_arrow(encode_arrow([hb(c, 0), hb(c, 1)]))[0] for c in "ab"]
+>>> observe_many([(a, cols[0]), (b, cols[1])])
+[[], []]
+>>> a.n_events, b.ranks.host_of(1), int(b.ranks.completed[0])
+(2, 'h1', 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from streams.core.columns import EventColumnsLike
+from streams.core.comm import (
+    CommDetector,
+    Cut,
+    Folded,
+    conn_arrays,
+    cut_columns,
+    progress_conns,
+)
+from streams.verdicts import Verdict
+
+__all__ = ["cut_many", "fold_many", "observe_many"]
+
+_FEW = 2
+"""Below this many communicators the grouped pass costs more than it saves."""
+
+
+def observe_many(items: Sequence[tuple[CommDetector, EventColumnsLike]]) -> list[list[Verdict]]:
+    """Each communicator's batch (columns, ``n`` > 0) observed, in the order given: the
+    verdicts of each, as :meth:`CommDetector.observe_columns` of it would return them.
+    A communicator may appear once per call."""
+    cuts = cut_many([c for _, c in items])
+    if len(cuts) >= _FEW:
+        fold_many([d for d, _ in items], cuts)
+    return [d.observe_cut(c) for (d, _), c in zip(items, cuts, strict=True)]
+
+
+def fold_many(dets: Sequence[CommDetector], cuts: list[Cut]) -> None:
+    """Add to each cut (ops sorted, ``first`` set: :func:`cut_many`) what the fold into
+    its communicator's rank table computes (:class:`~streams.core.comm.Folded`): the
+    period between consecutive collectives of a rank by its own clock, with the table's
+    last op as the predecessor of a rank's first op of the batch — one numpy pass for
+    all communicators but the look-up of those predecessors."""
+    r = np.concatenate([c.ro for c in cuts])
+    if not len(r):
+        return
+    s = np.concatenate([c.seq for c in cuts])
+    ts = np.concatenate([c.ts for c in cuts])
+    first = np.concatenate([c.first for c in cuts])  # type: ignore[misc]
+    nf = np.zeros(len(cuts) + 1, np.int64)
+    np.cumsum([int(c.first.sum()) if len(c.ro) else 0 for c in cuts], out=nf[1:])  # type: ignore[union-attr]
+    rf = r[first]
+    f_ts = np.empty(len(rf), np.int64)
+    f_seq = np.empty(len(rf), np.int64)
+    for d, a, b in zip(dets, nf[:-1].tolist(), nf[1:].tolist(), strict=True):
+        if b > a:  # the table's last op of each rank (a rank not in it yet: none)
+            t, ranks = d.view.ranks, rf[a:b]
+            if int(ranks.max()) < t.n:
+                f_ts[a:b] = t.last_op_ts[ranks]
+                f_seq[a:b] = t.last_op_seq[ranks]
+            else:
+                known = ranks < t.n
+                f_ts[a:b], f_seq[a:b] = -1, -2  # what RankTable.grow gives a new rank
+                f_ts[a:b][known] = t.last_op_ts[ranks[known]]
+                f_seq[a:b][known] = t.last_op_seq[ranks[known]]
+    prev_ts = np.empty(len(r), np.int64)
+    prev_ts[1:] = ts[:-1]
+    prev_seq = np.empty(len(r), np.int64)
+    prev_seq[1:] = s[:-1]
+    prev_ts[first] = f_ts
+    prev_seq[first] = f_seq
+    periods = ts - prev_ts
+    ok = (prev_seq == s - 1) & (prev_ts >= 0) & (periods > 0)
+    good = periods[ok].astype(np.float64)
+    last = np.empty(len(r), bool)  # each rank's last op of its batch
+    last[-1] = True
+    last[:-1] = first[1:]
+    lr, lts, lseq = r[last], ts[last], s[last]
+    no = np.zeros(len(cuts) + 1, np.int64)
+    np.cumsum([len(c.ro) for c in cuts], out=no[1:])
+    n_ok = np.concatenate([[0], np.cumsum(ok)])[no].tolist()
+    n_last = np.concatenate([[0], np.cumsum(last)])[no].tolist()
+    for i, c in enumerate(cuts):
+        if len(c.ro):
+            a, b = n_last[i], n_last[i + 1]
+            c.folded = Folded(good[n_ok[i] : n_ok[i + 1]], lr[a:b], lts[a:b], lseq[a:b])
+
+
+def cut_many(parts: Sequence[EventColumnsLike]) -> list[Cut]:
+    """:func:`~streams.core.comm.cut_columns` of each part (one communicator each, ``n``
+    > 0), computed for all of them at once; ops come sorted by (rank, seq)."""
+    k = len(parts)
+    if k < _FEW:
+        return [cut_columns(c) for c in parts]
+    sizes = np.fromiter((c.n for c in parts), np.int64, k)
+    bounds = np.zeros(k + 1, np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    starts = bounds[:-1]
+
+    def cat(get) -> np.ndarray:  # type: ignore[no-untyped-def]
+        return np.concatenate([get(c) for c in parts])
+
+    is_op = cat(lambda c: c.is_op)
+    rank = cat(lambda c: c.int("rank"))
+    ts = cat(lambda c: c.int("ts_us"))
+    nr = cat(lambda c: c.int("nranks"))
+    seg = np.repeat(np.arange(k), sizes)
+    ts_max = np.maximum.reduceat(ts, starts).tolist()
+    top = np.maximum(nr[starts], nr[bounds[1:] - 1]).tolist()
+    local = np.arange(int(bounds[-1])) - np.repeat(starts, sizes)  # row number in its part
+    # ops, then progress events, per part, each in arrival order (observe()'s order)
+    kind_order = np.lexsort((~is_op, seg))
+    op_rows = np.flatnonzero(is_op)
+    n_ops = np.add.reduceat(is_op.astype(np.int64), starts)
+    # the fold's order: by (part, rank, seq); each rank's first op in its part
+    seq_all = cat(lambda c: c.int("seq"))
+    oseg, orank, oseq = seg[op_rows], rank[op_rows], seq_all[op_rows]
+    o = np.lexsort((oseq, orank, oseg))
+    srows = op_rows[o]
+    sseg, srank, sseq = oseg[o], orank[o], oseq[o]
+    first = np.ones(len(srows), bool)
+    first[1:] = (srank[1:] != srank[:-1]) | (sseg[1:] != sseg[:-1])
+    exec_s = cat(lambda c: c.float("exec_us"))[srows]
+    ts_s = ts[srows]
+    # distinct seqs per part: the sorted (part, seq) pairs, deduplicated
+    d = np.lexsort((oseq, oseg))
+    dseg, dseq = oseg[d], oseq[d]
+    keep = np.ones(len(d), bool)
+    keep[1:] = (dseq[1:] != dseq[:-1]) | (dseg[1:] != dseg[:-1])
+    dseg, dseq = dseg[keep], dseq[keep]
+    dcut = np.searchsorted(dseg, np.arange(k + 1)).tolist()
+    distinct = dseq.tolist()
+    ocut = np.zeros(k + 1, np.int64)
+    np.cumsum(n_ops, out=ocut[1:])
+    oc = ocut.tolist()
+    pr_rows = kind_order  # per part: its ops first, then its progress rows
+    pr_start = (bounds[:-1] + n_ops).tolist()
+    b = bounds.tolist()
+    st_all, cp_all = cat(lambda c: c.int("started")), cat(lambda c: c.int("completed"))
+    infl_all = cat(lambda c: c.float("inflight_us"))
+    busy = ~is_op & (st_all > cp_all)  # progress rows with an op in flight
+    busy_part = np.logical_or.reduceat(busy, starts).tolist()
+    ident_rank = rank[kind_order]
+    loc_kind = local[kind_order]
+    out: list[Cut] = []
+    for i, c in enumerate(parts):
+        lo, hi, o0, o1 = b[i], b[i + 1], oc[i], oc[i + 1]
+        p0 = pr_start[i]
+        order = loc_kind[lo:hi]
+        loc_ops, loc_pr = order[: o1 - o0], loc_kind[p0:hi]
+        prs = pr_rows[p0:hi]
+        counts = c.conn_counts()
+        # the fold reads ops sorted; connections keep the arrival order of their ops
+        counts_ops = counts[loc_ops]
+        out.append(Cut(
+            n=hi - lo, job=c.job, comm_name=c.comm_name, top=top[i], ts_max=ts_max[i],
+            ident=c.rows(order), ident_rank=ident_rank[lo:hi],
+            op_objs=c.rows(loc_ops[counts_ops > 0]),
+            ro=srank[o0:o1], seq=sseq[o0:o1], exec_us=exec_s[o0:o1], ts=ts_s[o0:o1],
+            distinct=distinct[dcut[i] : dcut[i + 1]],
+            prog=c.rows(loc_pr), rp=rank[prs],
+            started=st_all[prs], completed=cp_all[prs], inflight_us=infl_all[prs],
+            conns=conn_arrays(c, loc_ops, counts_ops, c.int("rank"), seq_all[op_rows[o0:o1]]),
+            first=first[o0:o1],
+            prog_conns=progress_conns(c, loc_pr, busy[prs]) if busy_part[i] else None,
+        ))  # fmt: skip
+    return out
