@@ -41,9 +41,9 @@ def through(w: WorkerProcess, bootstrap: str, topic: str, timeout: float = 150) 
     """Until the worker's group has committed every message of ``topic`` as processed
     (Faust commits after processing, every second), or the worker has read nothing new
     for 20 s: then the row's ``lost`` says how many were skipped, and the assertion
-    prints the committed offsets and the worker's log. (That happened to a worker
-    SIGKILLed before its first offset commit: its successor skipped every message of the
-    never-committed partitions; see ``ConsumerView.rewind_uncommitted``.)"""
+    prints the committed offsets and the worker's log. (That happened after restarts:
+    Faust dropped records aiokafka had fetched past during table recovery, for good in a
+    never-committed partition; see ``streams/app/faust_adapter.py``.)"""
     group = w.config.group_id()
     deadline = time.monotonic() + timeout
     seen = (-1, time.monotonic())
