@@ -116,7 +116,9 @@ def test_worker_sigkill_around_a_decision(kafka_bootstrap: str, tmp_path: Path, 
     left = unconsumed(kafka_bootstrap, cfg.group_id(), topics.events)
     ROWS.append(
         Row(
-            f"worker SIGKILL {when} the decision",
+            "worker SIGKILL right after the decision, before its first offset commit"
+            if when == "after, uncommitted"
+            else f"worker SIGKILL {when} the decision",
             sent=len(msgs),
             lost=left,
             duplicated=judged.duplicated,
