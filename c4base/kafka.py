@@ -7,11 +7,46 @@ Security settings (SASL, TLS) pass through untouched as librdkafka properties in
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import msgspec
+from confluent_kafka import KafkaError
 
-__all__ = ["KafkaConfig"]
+__all__ = ["KafkaConfig", "KafkaCredentialsError", "credentials_refused"]
+
+#: What librdkafka says when the broker refuses who we are: SASL (wrong user or
+#: password, or a mechanism the listener does not offer) and TLS (no client certificate
+#: where one is required, an untrusted one, or a broker certificate we do not trust).
+#: A refused certificate arrives as a transport error, hence the text match.
+_REFUSED = re.compile(
+    r"SASL authentication|Authentication failed|SSL handshake failed|ssl/tls alert"
+    r"|certificate verify failed|certificate required|Unsupported SASL mechanism",
+    re.IGNORECASE,
+)
+
+
+class KafkaCredentialsError(RuntimeError):
+    """The broker refused this service's credentials (SASL or TLS client certificate).
+
+    Not transient: retrying with the same settings cannot help, so services stop with a
+    non-zero status and this message (librdkafka's words; they never contain the
+    password). Fix ``[kafka.extra]`` (``sasl.*``, ``ssl.*``) or the broker's users.
+    """
+
+
+def credentials_refused(err: KafkaError) -> bool:
+    """Whether a librdkafka error says the broker refused our credentials.
+
+    >>> credentials_refused(KafkaError(KafkaError._AUTHENTICATION, "bad"))
+    True
+    >>> credentials_refused(KafkaError(KafkaError._TRANSPORT, "Receive failed: "
+    ...     "error:0A000412:SSL routines::ssl/tls alert bad certificate"))
+    True
+    >>> credentials_refused(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
+    False
+    """
+    return err.code() == KafkaError._AUTHENTICATION or bool(_REFUSED.search(err.str()))
 
 
 class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

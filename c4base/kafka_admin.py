@@ -7,6 +7,7 @@ partition count, which is wrong for Faust tables and for keyed scale-out.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Mapping
@@ -14,6 +15,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from c4base.kafka import KafkaCredentialsError, credentials_refused
 
 __all__ = ["TopicSetupError", "create_topics"]
 
@@ -41,14 +44,33 @@ def create_topics(
     if not topics:
         return
     conf = {"bootstrap.servers": client} if isinstance(client, str) else dict(client)
-    admin = AdminClient(conf)
+    refused: list[KafkaError] = []
+
+    def on_error(err: KafkaError) -> None:
+        if credentials_refused(err):
+            refused.append(err)
+
+    admin = AdminClient({**conf, "error_cb": on_error})
     new = [
         NewTopic(
             name, num_partitions=n, replication_factor=replication_factor, config=dict(config or {})
         )
         for name, n in topics.items()
     ]
-    for name, fut in admin.create_topics(new, request_timeout=timeout).items():
+    futures = admin.create_topics(new, request_timeout=timeout)
+    # Wait in short steps, serving the error callback: refused credentials end the wait
+    # at once with a clear error instead of a timeout ``timeout`` seconds later.
+    deadline = time.monotonic() + timeout
+    waiting = set(futures.values())
+    while waiting and time.monotonic() < deadline:
+        waiting = concurrent.futures.wait(waiting, timeout=0.25).not_done
+        admin.poll(0)
+        if refused:
+            raise KafkaCredentialsError(
+                f"Kafka broker {conf.get('bootstrap.servers')} refused the credentials: "
+                f"{refused[-1].str()}; check [kafka.extra] (sasl.*, ssl.*)"
+            )
+    for name, fut in futures.items():
         try:
             fut.result(timeout=timeout)
         except KafkaException as exc:

@@ -53,13 +53,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from c4base.consumer_lag import LagMonitor
 from c4base.deadletter import DeadLetter
-from c4base.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig, credentials_refused
 from c4base.metrics import Metrics, MetricsLike, NullMetrics
 
 __all__ = [
     "BaseHandler",
     "BatchFailed",
     "BrokerUnreachable",
+    "CredentialsRefused",
     "ConsumerRunner",
     "Context",
     "DeadLetterError",
@@ -109,6 +110,11 @@ class DeadLetterError(FatalError):
 
 class BrokerUnreachable(FatalError):
     """The broker stayed unreachable longer than ``broker_timeout_s``."""
+
+
+class CredentialsRefused(FatalError):
+    """The broker refused the service's SASL credentials or TLS client certificate:
+    retrying cannot help, so the service stops at once (no ``broker_timeout_s`` wait)."""
 
 
 # --------------------------------------------------------------------- records
@@ -575,6 +581,8 @@ class ConsumerRunner:
         self.state = "starting"
         self.assigned: set[TP] = set()
         self.broker_down_since: float | None = None
+        self._refused: KafkaError | None = None
+        """The broker refused our credentials (set from librdkafka's error callback)."""
         self.started = clock()
         self.last_poll = self.started
         self._last_heard = self.started
@@ -910,12 +918,20 @@ class ConsumerRunner:
 
     def _on_kafka_error(self, err: KafkaError) -> None:
         code = err.code()
+        if credentials_refused(err) and self._refused is None:
+            self._refused = err  # raised from the loop: not from inside librdkafka
         if code in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE):
             if self.broker_down_since is None:
                 self.broker_down_since = self._clock()
         self.throttle.log(log, logging.WARNING, f"kafka:{code}", "kafka: %s", err)
 
     def _check_broker(self, *, got_message: bool) -> None:
+        if self._refused is not None:
+            raise CredentialsRefused(
+                f"Kafka broker {self.cfg.kafka.resolved_bootstrap()} refused this service's "
+                f"credentials: {self._refused.str()}; check [kafka.extra] (sasl.username, "
+                "sasl.password, ssl.*) and the broker's users"
+            )
         now = self._clock()
         if got_message:
             self._reachable(now)

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -55,6 +55,7 @@ __all__ = [
     "ensure_broker",
     "fetch_jars",
     "libs_dir",
+    "scram_arguments",
 ]
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,21 @@ logger.authorizer.level = WARN
 """
 
 
+def scram_arguments(users: Mapping[str, str]) -> list[str]:
+    """``kafka-storage format`` arguments that create SCRAM-SHA-512 users.
+
+    >>> scram_arguments({"c4-worker": "pw"})
+    ['--add-scram', 'SCRAM-SHA-512=[name=c4-worker,password=pw]']
+    """
+    out: list[str] = []
+    for name, password in users.items():
+        # The tool's own syntax splits on ',', ']' and '='; quoting is not supported.
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or re.search(r"[,\]=\s]", password):
+            raise BrokerError(f"SCRAM user {name!r}: name or password has a reserved character")
+        out += ["--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]"]
+    return out
+
+
 class LocalKafka:
     """One KRaft node (broker + controller) on 127.0.0.1 in a throw-away data dir.
 
@@ -252,6 +268,7 @@ class LocalKafka:
         jvm_args: Sequence[str] = (),
         data_dir: str | Path | None = None,
         secure_listener: dict[str, str] | None = None,
+        scram_users: Mapping[str, str] | None = None,
     ) -> None:
         self.version = version
         self.heap = heap
@@ -264,9 +281,15 @@ class LocalKafka:
         self.workdir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self.secure_listener = secure_listener
-        """Broker properties of a second, SASL_SSL listener (its own ``port`` key, e.g.
-        ``listener.name.sasl_ssl.*`` JAAS and ``ssl.*`` settings): the tests of TLS/SASL
-        clients. The PLAINTEXT listener on :attr:`bootstrap` stays (admin, readiness)."""
+        """Broker properties of a second listener for the tests of TLS/SASL clients: its
+        own ``port`` key, ``protocol`` (``SASL_SSL``, the default, or ``SSL``: TLS only,
+        with ``ssl.client.auth=required`` for mutual TLS), and the listener's settings
+        (``listener.name.sasl_ssl.*`` JAAS, ``ssl.*``). The PLAINTEXT listener on
+        :attr:`bootstrap` stays (admin, readiness)."""
+        self.scram_users = dict(scram_users or {})
+        """SCRAM-SHA-512 users (name → password) written into the cluster's metadata when
+        it is formatted (``kafka-storage format --add-scram``), as KRaft stores them: a
+        SASL_SSL listener with ``sasl.enabled.mechanisms=SCRAM-SHA-512`` checks them."""
         self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
         """Kept across stops: a start on the same dir restarts the same cluster (same
         cluster id, ports and topics, offsets and messages) instead of a new one."""
@@ -419,6 +442,7 @@ class LocalKafka:
                     _cluster_id(),
                     "-c",
                     str(config),
+                    *scram_arguments(self.scram_users),
                 ],
                 capture_output=True,
                 text=True,
@@ -484,11 +508,14 @@ class LocalKafka:
         if self.secure_listener:
             extra = dict(self.secure_listener)
             sp = extra.pop("port")
-            props["listeners"] = f"{props['listeners']},SASL_SSL://127.0.0.1:{sp}"
+            proto = extra.pop("protocol", "SASL_SSL").upper()
+            if proto not in ("SSL", "SASL_SSL"):
+                raise BrokerError(f"secure listener protocol {proto!r}: SSL or SASL_SSL")
+            props["listeners"] = f"{props['listeners']},{proto}://127.0.0.1:{sp}"
             props["advertised.listeners"] = (
-                f"{props['advertised.listeners']},SASL_SSL://127.0.0.1:{sp}"
+                f"{props['advertised.listeners']},{proto}://127.0.0.1:{sp}"
             )
-            props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+            props["listener.security.protocol.map"] += f",{proto}:{proto}"
             props.update(extra)
         return "".join(f"{k}={v}\n" for k, v in props.items())
 

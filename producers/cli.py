@@ -23,7 +23,7 @@ from c4base.cli_options import (
     given,
 )
 from c4base.config import KAFKA_SECTION, load_section
-from c4base.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig, KafkaCredentialsError
 from c4base.service import start_service
 from c4base.settings_loader import SettingsError
 from c4base.signing import KeyFileError
@@ -143,7 +143,10 @@ def exporter(
         if directory is None and "`directory`" in str(err):
             fail("exporter", "--dir DIR (or [exporter] directory = DIR in --config) is required", 2)
         fail("exporter", err, 2)
-    stats = run_exporter(cfg, metrics=svc.metrics)
+    try:
+        stats = run_exporter(cfg, metrics=svc.metrics)
+    except KafkaCredentialsError as err:
+        fail("exporter", f"stopped: {err}", 1)
     Console(stderr=True).print(
         f"exporter stopped: {stats.lines} lines, {stats.events} events, "
         f"{stats.delivered}/{stats.messages} messages acknowledged, "
@@ -214,6 +217,8 @@ def replay(
         stats = run_replay(traces, cfg)
     except (SourceError, KeyFileError) as err:
         fail("replay", err, 2)
+    except KafkaCredentialsError as err:
+        fail("replay", f"stopped: {err}", 1)
     rate = stats.events / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
     console.print(
         f"replayed {stats.messages} messages, {stats.events} events, {stats.bad} bad "

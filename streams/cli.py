@@ -23,8 +23,10 @@ from c4base.cli_options import (
     config_file,
     fail,
 )
+from c4base.kafka import KafkaCredentialsError
 from c4base.service import start_service
 from c4base.settings_loader import SettingsError
+from streams.app import lifeguard
 from streams.app.settings import WorkerConfigError, load_worker_config
 from streams.app.topics_admin import TopicSetupError
 from streams.core import PolicyConfig
@@ -70,6 +72,8 @@ def worker(
         code = run_worker(cfg, metrics=svc.metrics, own_logging=True)
     except (WorkerConfigError, SettingsError, TopicSetupError, ValueError) as err:
         fail("worker", err, 2)
+    except KafkaCredentialsError as err:
+        fail("worker", err, lifeguard.EXIT_CREDENTIALS_REFUSED)
     raise typer.Exit(code)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from c4base.kafka import KafkaCredentialsError
 from c4base.metrics import Metrics, MetricsConfig
 from streams.app import lifeguard
 from streams.app.agents import write_status
@@ -207,7 +208,11 @@ def _main(argv: list[str]) -> int:
     metrics = Metrics() if port else None
     if metrics is not None:
         metrics.serve(MetricsConfig(port=port))
-    return run_worker(config, metrics=metrics)
+    try:
+        return run_worker(config, metrics=metrics)
+    except KafkaCredentialsError as err:  # refused before the broker watch runs
+        print(f"worker: {err}", file=sys.stderr)
+        return lifeguard.EXIT_CREDENTIALS_REFUSED
 
 
 if __name__ == "__main__":

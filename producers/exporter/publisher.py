@@ -7,7 +7,10 @@
   ``produce`` raises ``BufferError`` and :meth:`Publisher.produce` serves delivery
   reports until there is room — back-pressure that slows the reader instead of growing
   memory;
-* a delivery callback per message, so callers learn what Kafka acknowledged.
+* a delivery callback per message, so callers learn what Kafka acknowledged;
+* credentials the broker refuses (SASL, TLS client certificate) raise
+  :class:`~c4base.kafka.KafkaCredentialsError` from the next call instead of retrying
+  until ``message.timeout.ms``: no retry can fix them.
 
 Shared by the exporter and replay.
 """
@@ -15,12 +18,13 @@ Shared by the exporter and replay.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from c4base.kafka import KafkaConfig
+from c4base.kafka import KafkaConfig, KafkaCredentialsError, credentials_refused
 
 __all__ = ["DeliveryCallback", "Publisher", "PublisherConfig", "PublisherStopped"]
 
@@ -70,8 +74,23 @@ class Publisher:
     """Thin owner of one ``confluent_kafka.Producer``; ``produce`` never drops a message."""
 
     def __init__(self, config: PublisherConfig) -> None:
-        self._producer = Producer(config.producer_config(), logger=log)
+        self._bootstrap = config.kafka.resolved_bootstrap()
+        self._refused: KafkaError | None = None
+        self._producer = Producer(
+            {**config.producer_config(), "error_cb": self._on_error}, logger=log
+        )
         self.backpressure_waits = 0
+
+    def _on_error(self, err: KafkaError) -> None:
+        if credentials_refused(err) and self._refused is None:
+            self._refused = err
+
+    def _check_refused(self) -> None:
+        if self._refused is not None:
+            raise KafkaCredentialsError(
+                f"Kafka broker {self._bootstrap} refused the credentials: "
+                f"{self._refused.str()}; check [kafka.extra] (sasl.*, ssl.*)"
+            )
 
     def produce(
         self,
@@ -89,6 +108,7 @@ class Publisher:
         broker). ``headers``: e.g. the ``content-type`` of an Arrow batch.
         """
         while True:
+            self._check_refused()
             try:
                 self._producer.produce(
                     topic, value=value, key=key, on_delivery=on_delivery, headers=headers
@@ -103,11 +123,19 @@ class Publisher:
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery callbacks; returns how many were served."""
-        return self._producer.poll(timeout)
+        served = self._producer.poll(timeout)
+        self._check_refused()
+        return served
 
     def flush(self, timeout: float) -> int:
-        """Wait until everything queued is acknowledged (or ``timeout``); returns what is left."""
-        return self._producer.flush(timeout)
+        """Wait until everything queued is acknowledged (or ``timeout``); returns what is
+        left. Waits in short steps so refused credentials end it at once."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self._producer.flush(max(0.0, min(0.5, deadline - time.monotonic())))
+            self._check_refused()
+            if not left or time.monotonic() >= deadline:
+                return left
 
     def __len__(self) -> int:
         return len(self._producer)

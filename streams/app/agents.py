@@ -261,8 +261,15 @@ def register_agents(
     async def on_assigned(sender: Any, assigned: set[Any], **_: Any) -> None:
         parts.assigned |= {tp for tp in assigned if tp.topic in (topics.events, topics.verdicts)}
 
+    streamed = {topics.events, topics.verdicts, config.watermark_topic()}
+
     @app.on_rebalance_complete.connect
     async def on_rebalanced(sender: Any, **_: Any) -> None:
+        # Sent before Faust resumes the streams: no message of a never-committed
+        # partition may stay skipped (see ConsumerView.rewind_uncommitted).
+        rewound = await offsets.rewind_uncommitted(streamed)
+        if rewound:
+            log.info("read from the start (no offset committed): %s", sorted(rewound))
         parts.rebalances += 1
         parts.ready = True
         write_status(status_path, parts.status())

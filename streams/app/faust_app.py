@@ -15,6 +15,7 @@ from typing import Any
 
 from streams.app.agents import WorkerParts, register_agents
 from streams.app.engine import CoreEngine, Engine
+from streams.app.faust_adapter import install_guarded_transport
 from streams.app.settings import WorkerConfig
 
 __all__ = ["make_app"]
@@ -113,6 +114,7 @@ def make_app(config: WorkerConfig, engine: Engine | None = None, metrics: Any = 
         stream_buffer_maxsize=config.stream_buffer_maxsize,
         consumer_max_fetch_size=config.fetch_max_partition_bytes,
     )
+    install_guarded_transport(app)  # before register_agents declares topics
     parts: WorkerParts = register_agents(
         app, config, engine or CoreEngine(config.detect, config.policy), metrics
     )

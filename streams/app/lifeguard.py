@@ -9,7 +9,8 @@ waits for a broker that never answers). Here:
   thread of its own (independent of Faust's event loop, which may be stuck); after
   ``exit_after_s`` without an answer it writes the status (``ready: false``, why) and
   exits the process with :data:`EXIT_BROKER_UNREACHABLE`, so a supervisor restarts it
-  or pages someone instead of a worker that pretends to run;
+  or pages someone instead of a worker that pretends to run; credentials the broker
+  refuses end it at once with :data:`EXIT_CREDENTIALS_REFUSED` and librdkafka's reason;
 * :func:`stop_deadline` starts, on SIGTERM/SIGINT, a timer that ends the process if
   the clean stop has not finished within ``grace_s``;
 * :class:`RepeatFilter` lets the same log line through a few times per interval, then
@@ -25,10 +26,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
+
+from c4base.kafka import KafkaCredentialsError, credentials_refused
 
 __all__ = [
     "EXIT_BROKER_UNREACHABLE",
+    "EXIT_CREDENTIALS_REFUSED",
     "EXIT_STOP_TIMEOUT",
     "BrokerWatch",
     "RepeatFilter",
@@ -40,6 +45,7 @@ log = logging.getLogger(__name__)
 
 EXIT_BROKER_UNREACHABLE = 3
 EXIT_STOP_TIMEOUT = 4
+EXIT_CREDENTIALS_REFUSED = 5
 
 Probe = Callable[[float], None]
 """Raises if the broker did not answer within the timeout (seconds)."""
@@ -47,13 +53,32 @@ Probe = Callable[[float], None]
 
 def kafka_probe(conf: dict[str, Any]) -> Probe:
     """A metadata request through confluent-kafka with the service's own settings
-    (bootstrap, TLS, SASL): the same question a client asks first."""
+    (bootstrap, TLS, SASL): the same question a client asks first. Raises
+    :class:`~c4base.kafka.KafkaCredentialsError` when the broker refused the credentials
+    (SASL or TLS client certificate), which no wait can fix."""
+    refused: list[KafkaError] = []
+
+    def on_error(err: KafkaError) -> None:
+        if credentials_refused(err):
+            refused.append(err)
+
     # librdkafka's own log lines (a failed connect each retry) go through Python
     # logging, so the repeated-line limit applies to them too.
-    admin = AdminClient(conf, logger=logging.getLogger("c4stream.broker_watch"))
+    admin = AdminClient(
+        {**conf, "error_cb": on_error}, logger=logging.getLogger("c4stream.broker_watch")
+    )
 
     def probe(timeout: float) -> None:
-        md = admin.list_topics(timeout=timeout)
+        try:
+            md = admin.list_topics(timeout=timeout)
+        except KafkaException:
+            admin.poll(0)  # serves the error callback: was it our credentials?
+            if refused:
+                raise KafkaCredentialsError(
+                    f"Kafka broker {conf.get('bootstrap.servers')} refused the worker's "
+                    f"credentials: {refused[-1].str()}; check [kafka.extra] (sasl.*, ssl.*)"
+                ) from None
+            raise
         if not md.brokers:
             raise RuntimeError("no broker in the metadata")
 
@@ -83,12 +108,14 @@ class BrokerWatch:
         every_s: float = 2.0,
         on_lost: Callable[[float], None] | None = None,
         on_change: Callable[[float | None], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.probe = probe
         self.exit_after_s = exit_after_s
         self.every_s = every_s
         self.on_lost = on_lost or exit_broker_lost
+        self.on_refused = on_refused or exit_credentials_refused
         self.on_change = on_change
         self.clock = clock
         self.down_since: float | None = None
@@ -99,6 +126,9 @@ class BrokerWatch:
         """One probe; True if the broker answered."""
         try:
             self.probe(max(1.0, min(self.every_s, 5.0)))
+        except KafkaCredentialsError as err:
+            self.on_refused(str(err))  # no wait: the same credentials are refused again
+            return False
         except Exception as err:
             now = self.clock()
             if self.down_since is None:
@@ -132,6 +162,12 @@ def exit_broker_lost(seconds: float) -> None:
     log.critical("broker unreachable for %.0fs; exiting with status %d", seconds, 3)
     logging.shutdown()
     os._exit(EXIT_BROKER_UNREACHABLE)  # Faust's clean stop would wait for the broker
+
+
+def exit_credentials_refused(why: str) -> None:
+    log.critical("%s; exiting with status %d", why, EXIT_CREDENTIALS_REFUSED)
+    logging.shutdown()
+    os._exit(EXIT_CREDENTIALS_REFUSED)  # Faust's clean stop would wait for the broker
 
 
 def stop_deadline(grace_s: float, on_timeout: Callable[[], None] | None = None) -> threading.Timer:

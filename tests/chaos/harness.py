@@ -207,18 +207,34 @@ def read_records(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[byte
         c.close()
 
 
-def unconsumed(bootstrap: str, group: str, topic: str) -> int:
-    """Messages of ``topic`` that ``group`` has not committed as processed (Faust commits
-    after processing): with the worker stopped, what it would never have judged."""
+def offsets(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int | None, int, int]]:
+    """Per partition of ``topic``: ``group``'s committed offset (None: none), low, high."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
         md = c.list_topics(topic, timeout=10)
         tps = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
-        left = 0
+        out = {}
         for tp in c.committed(tps, timeout=10):
             low, high = c.get_watermark_offsets(tp, timeout=10)
-            done = tp.offset if tp.offset >= 0 else low
-            left += max(0, high - done)
-        return left
+            out[tp.partition] = (tp.offset if tp.offset >= 0 else None, low, high)
+        return dict(sorted(out.items()))
     finally:
         c.close()
+
+
+def unconsumed(bootstrap: str, group: str, topic: str) -> int:
+    """Messages of ``topic`` that ``group`` has not committed as processed (Faust commits
+    after processing): with the worker stopped, what it would never have judged."""
+    return sum(
+        max(0, high - (low if done is None else done))
+        for done, low, high in offsets(bootstrap, group, topic).values()
+    )
+
+
+def offsets_report(bootstrap: str, group: str, topics: list[str]) -> str:
+    """``topic[p]: committed/low/high`` lines, for a failed ``lost == 0``."""
+    return "\n".join(
+        f"{t}[{p}]: committed {done}, low {low}, high {high}"
+        for t in topics
+        for p, (done, low, high) in offsets(bootstrap, group, t).items()
+    )

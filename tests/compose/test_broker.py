@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
-from compose.local_broker import LocalKafka
+from compose.local_broker import BrokerError, LocalKafka, scram_arguments
 
 pytestmark = pytest.mark.kafka
 
@@ -104,3 +104,17 @@ def test_stop_leaves_no_process_and_no_data() -> None:
     assert not workdir.exists()
     # Nothing else is left in the broker's process group either.
     assert subprocess.run(["pgrep", "-g", str(pid)], capture_output=True).returncode == 1
+
+
+def test_scram_users_become_format_arguments_and_reserved_characters_are_refused() -> None:
+    """``kafka-storage format --add-scram`` splits on ``,`` ``]`` ``=``: a password holding
+    one would silently become another user or password, so it is refused."""
+    assert scram_arguments({"c4-worker": "pw-1", "c4-actuator": "pw.2"}) == [
+        "--add-scram",
+        "SCRAM-SHA-512=[name=c4-worker,password=pw-1]",
+        "--add-scram",
+        "SCRAM-SHA-512=[name=c4-actuator,password=pw.2]",
+    ]
+    for users in ({"u": "a,b"}, {"u": "a]b"}, {"u": "a=b"}, {"u v": "pw"}, {"u": "a b"}):
+        with pytest.raises(BrokerError):
+            scram_arguments(users)
