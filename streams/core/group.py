@@ -65,29 +65,17 @@ def fold_many(dets: Sequence[CommDetector], cuts: list[Cut]) -> None:
     its communicator's rank table computes (:class:`~streams.core.comm.Folded`): the
     period between consecutive collectives of a rank by its own clock, with the table's
     last op as the predecessor of a rank's first op of the batch — one numpy pass for
-    all communicators but the look-up of those predecessors."""
+    all communicators, the look-up of those predecessors included."""
     r = np.concatenate([c.ro for c in cuts])
     if not len(r):
         return
     s = np.concatenate([c.seq for c in cuts])
     ts = np.concatenate([c.ts for c in cuts])
     first = np.concatenate([c.first for c in cuts])  # type: ignore[misc]
-    nf = np.zeros(len(cuts) + 1, np.int64)
-    np.cumsum([int(c.first.sum()) if len(c.ro) else 0 for c in cuts], out=nf[1:])  # type: ignore[union-attr]
-    rf = r[first]
-    f_ts = np.empty(len(rf), np.int64)
-    f_seq = np.empty(len(rf), np.int64)
-    for d, a, b in zip(dets, nf[:-1].tolist(), nf[1:].tolist(), strict=True):
-        if b > a:  # the table's last op of each rank (a rank not in it yet: none)
-            t, ranks = d.view.ranks, rf[a:b]
-            if int(ranks.max()) < t.n:
-                f_ts[a:b] = t.last_op_ts[ranks]
-                f_seq[a:b] = t.last_op_seq[ranks]
-            else:
-                known = ranks < t.n
-                f_ts[a:b], f_seq[a:b] = -1, -2  # what RankTable.grow gives a new rank
-                f_ts[a:b][known] = t.last_op_ts[ranks[known]]
-                f_seq[a:b][known] = t.last_op_seq[ranks[known]]
+    no = np.zeros(len(cuts) + 1, np.int64)  # each cut's ops in the concatenation
+    np.cumsum([len(c.ro) for c in cuts], out=no[1:])
+    n_first = np.diff(np.concatenate([[0], np.cumsum(first)])[no])
+    f_ts, f_seq = _last_ops(dets, n_first, r[first])
     prev_ts = np.empty(len(r), np.int64)
     prev_ts[1:] = ts[:-1]
     prev_seq = np.empty(len(r), np.int64)
@@ -101,14 +89,34 @@ def fold_many(dets: Sequence[CommDetector], cuts: list[Cut]) -> None:
     last[-1] = True
     last[:-1] = first[1:]
     lr, lts, lseq = r[last], ts[last], s[last]
-    no = np.zeros(len(cuts) + 1, np.int64)
-    np.cumsum([len(c.ro) for c in cuts], out=no[1:])
     n_ok = np.concatenate([[0], np.cumsum(ok)])[no].tolist()
     n_last = np.concatenate([[0], np.cumsum(last)])[no].tolist()
     for i, c in enumerate(cuts):
         if len(c.ro):
             a, b = n_last[i], n_last[i + 1]
             c.folded = Folded(good[n_ok[i] : n_ok[i + 1]], lr[a:b], lts[a:b], lseq[a:b])
+
+
+def _last_ops(
+    dets: Sequence[CommDetector], n_first: np.ndarray, rf: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rank table's last op (ts, seq) of the ranks ``rf`` (``n_first`` of them per
+    communicator, laid end to end), read from all the tables laid end to end in one
+    look-up; a rank not in its table yet gets what :meth:`RankTable.grow` gives it."""
+    tables = [d.view.ranks for d in dets]
+    sizes = np.fromiter((t.n for t in tables), np.int64, len(tables))
+    start = np.zeros(len(tables), np.int64)
+    np.cumsum(sizes[:-1], out=start[1:])
+    known = rf < np.repeat(sizes, n_first)
+    at = np.repeat(start, n_first) + rf
+    all_ts = np.concatenate([t.last_op_ts for t in tables])
+    all_seq = np.concatenate([t.last_op_seq for t in tables])
+    if known.all():
+        return all_ts[at], all_seq[at]
+    f_ts = np.full(len(rf), -1, np.int64)
+    f_seq = np.full(len(rf), -2, np.int64)
+    f_ts[known], f_seq[known] = all_ts[at[known]], all_seq[at[known]]
+    return f_ts, f_seq
 
 
 def cut_many(parts: Sequence[EventColumnsLike]) -> list[Cut]:
