@@ -382,6 +382,17 @@ class BlockColumns:
         off = np.concatenate([np.zeros(1, np.int64), *shifted])
         return (off, *(np.concatenate([g[j] for g in got]) for j in range(1, 5)))
 
+    def identities(self, idx: np.ndarray) -> tuple[list[str], list[int | None], list[str | None]]:
+        """Host, GPU and NIC (None when absent) of rows ``idx``, read from the columns:
+        a rank first seen learns who it is without an event object."""
+        if self._objs is not None:  # read once for the whole slice
+            shared, start = self._objs
+            return shared.identities(idx + start)
+        got = [_identity_lists(t, r) for t, r in self._src]
+        want = idx.tolist()
+        hosts, gpus, nics = ([x for g in got for x in g[k]] for k in range(3))
+        return [hosts[i] for i in want], [gpus[i] for i in want], [nics[i] for i in want]
+
     def rows(self, idx: np.ndarray) -> Sequence[Event]:
         if self._objs is not None:  # converted with the slice's other rows read whole
             shared, start = self._objs
@@ -413,18 +424,36 @@ class BlockColumns:
         return BlockColumns(p0.comm, p0.job, p0.comm_name, rows, conns, coff, src, None, blocks)
 
 
+def _identity_lists(
+    table: pa.RecordBatch, rows: np.ndarray
+) -> tuple[list[str], list[int | None], list[str | None]]:
+    """Host, GPU and NIC of ``rows`` of ``table`` as lists (None where absent), as the
+    event objects would carry them."""
+    t = table.select(["host", "gpu", "nic"]).take(pa.array(rows, pa.int64()))
+    return t.column(0).to_pylist(), t.column(1).to_pylist(), t.column(2).to_pylist()
+
+
 class _SliceObjects:
     """Event objects of a slice's rows, built for many communicators at once (a
     conversion costs about a millisecond whatever its size): the first rows asked for
     alone; at a second miss the whole slice (the first slices, where every rank is new
     to every communicator and each asks for its rows)."""
 
-    __slots__ = ("_cache", "_misses", "_rows", "_table")
+    __slots__ = ("_cache", "_ids", "_misses", "_rows", "_table")
 
     def __init__(self, table: pa.RecordBatch, rows: np.ndarray) -> None:
         self._table, self._rows = table, rows
         self._cache: dict[int, Event] = {}
         self._misses = 0
+        self._ids: tuple[list[str], list[int | None], list[str | None]] | None = None
+
+    def identities(self, pos: np.ndarray) -> tuple[list[str], list[int | None], list[str | None]]:
+        """Host, GPU, NIC of the slice's rows ``pos`` (the slice's columns read once)."""
+        if self._ids is None:
+            self._ids = _identity_lists(self._table, self._rows)
+        hosts, gpus, nics = self._ids
+        want = pos.tolist()
+        return [hosts[i] for i in want], [gpus[i] for i in want], [nics[i] for i in want]
 
     def get(self, pos: np.ndarray) -> list[Event]:
         cache = self._cache

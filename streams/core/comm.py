@@ -31,7 +31,7 @@ in it (hang threshold 2.5 s).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -56,7 +56,11 @@ from streams.core.registry import build_detectors, load_detector
 from streams.core.stats import NormalModel, NormalState, stable_id
 from streams.verdicts import Verdict
 
-__all__ = ["CommDetector", "Cut", "Folded", "cut_columns", "progress_conns"]
+__all__ = ["CommDetector", "Cut", "Folded", "Identities", "cut_columns", "identities",
+           "progress_conns"]  # fmt: skip
+
+Identities = Callable[[np.ndarray], tuple[list[str], list[int | None], list[str | None]] | None]
+"""Rows (by number) → their host, GPU and NIC (None when absent) as lists, or None."""
 
 _TICK_US = 500_000  # how often (event time) detectors' tick runs; hangs cost O(ranks)
 _SCHEMA = 1
@@ -187,7 +191,7 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += c.n
-        self._learn_identities(c.ident, c.ident_rank)
+        self._learn_identities(c.ident, c.ident_rank, c.ident_cols)
         batch = self._fold(
             c.op_objs, c.ro, c.seq, c.exec_us, c.ts, c.distinct, c.prog, c.rp, c.started,
             c.completed, c.inflight_us, c.conns, c.first, c.folded,
@@ -269,16 +273,25 @@ class CommDetector:
         for d in self.detectors:
             d.grow(n)
 
-    def _learn_identities(self, events: Sequence[Event], r: np.ndarray) -> None:
+    def _learn_identities(
+        self, events: Sequence[Event], r: np.ndarray, cols: Identities | None = None
+    ) -> None:
+        """Ranks first seen in ``events`` (ranks ``r``) learn who they are; ``cols``:
+        the same rows' identities as columns, when offered (no event objects)."""
         top = int(r.max())
         t = self.view.ranks
         if top >= t.n:
             self._grow(top + 1)
         if not self._all_known:  # once every rank is known, skip the lookup per batch
             unknown = np.flatnonzero(t.host_idx[r] < 0)
-            for i in unknown.tolist():
-                e = events[i]
-                t.learn_identity(e.rank, e.host, e.gpu, e.nic)
+            got = cols(unknown) if cols is not None and unknown.size else None
+            if got is not None:
+                for rank, host, gpu, nic in zip(r[unknown].tolist(), *got, strict=True):
+                    t.learn_identity(rank, host, gpu, nic)
+            else:
+                for i in unknown.tolist():
+                    e = events[i]
+                    t.learn_identity(e.rank, e.host, e.gpu, e.nic)
             self._all_known = bool(unknown.size) and bool((t.host_idx >= 0).all())
         t.last_recv[r] = self.view.now
 
@@ -488,6 +501,8 @@ class Cut:
     first: np.ndarray | None = None
     prog_conns: ProgressConnArrays | None = None
     folded: Folded | None = None
+    ident_cols: Identities | None = None
+    """The identities of ``ident``'s rows read from the columns (see :func:`identities`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,6 +539,7 @@ def cut_columns(cols: EventColumnsLike) -> Cut:
         started=started, completed=completed, inflight_us=cols.float("inflight_us")[pr_rows],
         conns=conn_arrays(cols, op_rows, counts, rank, s),
         prog_conns=progress_conns(cols, pr_rows, started > completed),
+        ident_cols=identities(cols, order),
     )  # fmt: skip
 
 
@@ -540,6 +556,16 @@ def conn_arrays(
     peer, send, nbytes, time_us = cols.conn_arrays(with_conns)
     return ConnArrays(np.repeat(rank[with_conns], k), np.repeat(s[has], k), peer, send,
                       nbytes, time_us)  # fmt: skip
+
+
+def identities(cols: EventColumnsLike, order: np.ndarray) -> Identities | None:
+    """Who sent rows ``order[i]`` of ``cols``, for rows ``i`` (a rank first seen), when
+    the columns offer it (an optional ``identities(idx)`` method: host, GPU, NIC lists)
+    — then no event object is built to learn a new rank's identity."""
+    get = getattr(cols, "identities", None)
+    if get is None:
+        return None
+    return lambda i: get(order[i])
 
 
 def progress_conns(

@@ -40,6 +40,7 @@ from streams.core.comm import (
     Folded,
     conn_arrays,
     cut_columns,
+    identities,
     progress_conns,
 )
 from streams.verdicts import Verdict
@@ -196,5 +197,6 @@ def cut_many(parts: Sequence[EventColumnsLike]) -> list[Cut]:
             conns=conn_arrays(c, loc_ops, counts_ops, c.int("rank"), seq_all[op_rows[o0:o1]]),
             first=first[o0:o1],
             prog_conns=progress_conns(c, loc_pr, busy[prs]) if busy_part[i] else None,
+            ident_cols=identities(c, order),
         ))  # fmt: skip
     return out

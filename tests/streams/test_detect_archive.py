@@ -220,11 +220,12 @@ def test_cli_judges_an_archived_day_with_other_thresholds(trace: Path, tmp_path:
     assert r.returncode == 2 and "hang_flor_us" in r.stderr
 
 
-def test_progress_conns_of_rows_joined_across_blocks_are_those_of_the_events(
+def test_progress_conns_and_identities_of_rows_joined_across_blocks_are_the_events(
     net_trace: Path, tmp_path: Path
 ) -> None:
     """A communicator's rows of several blocks (a slice cut by a block's end) give the
-    hang detector their connections as arrays, equal to the events' own."""
+    hang detector their connections as arrays, and new ranks their identities as lists,
+    equal to the events' own; so do one block's rows (read for the whole slice)."""
     _archive(net_trace, tmp_path)
     blocks = [b.block for b in open_sources([tmp_path / "events"], blocks=True)]
     per_comm: dict[str, list[BlockColumns]] = {}
@@ -248,6 +249,12 @@ def test_progress_conns_of_rows_joined_across_blocks_are_those_of_the_events(
     have = [list(zip(peer[a:b], send[a:b], nbytes[a:b], retrans[a:b], strict=True))
             for a, b in zip(off[:-1], off[1:], strict=True)]  # fmt: skip
     assert have == want
+    for cols in (joined, parts[0], parts[-1]):
+        rows = np.arange(cols.n)[::-1][::3]  # any rows, any order
+        objs = cols.to_events()
+        want_ids = [(objs[i].host, objs[i].gpu, objs[i].nic) for i in rows.tolist()]
+        assert list(zip(*cols.identities(rows), strict=True)) == want_ids
+        assert any(g is not None for _, g, _ in want_ids)
     some = idx[len(idx) // 3 :: 2]  # a subset spanning blocks
     sub = joined.progress_conns(some)
     assert (
