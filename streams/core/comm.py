@@ -177,8 +177,18 @@ class CommDetector:
 
     def observe_cut(self, c: Cut) -> list[Verdict]:
         """:meth:`observe_columns` of columns already cut into the arrays the core reads
-        (:func:`cut_columns`, or :class:`~streams.core.group.CommGroup` for many
+        (:func:`cut_columns`, or :func:`~streams.core.group.cut_many` for many
         communicators at once)."""
+        out, batch = self.take_cut(c)
+        for d in self.detectors:
+            d.learn(self.view, batch)
+        return out + self.end_batch()
+
+    def take_cut(self, c: Cut) -> tuple[list[Verdict], Batch]:
+        """The first half of :meth:`observe_cut`: the clock, identities and rank table
+        updated; the verdicts of a window this batch closed, and the batch each detector
+        must now learn — then :meth:`end_batch` (the group judges many communicators'
+        detectors together between the two)."""
         v = self.view
         if not v.job:
             v.job, v.comm_name = c.job, c.comm_name
@@ -197,9 +207,11 @@ class CommDetector:
             c.completed, c.inflight_us, c.conns, c.first, c.folded,
         )  # fmt: skip
         batch.prog_conns = c.prog_conns
-        for d in self.detectors:
-            d.learn(v, batch)
-        return out + self._verdicts(self._tick())
+        return out, batch
+
+    def end_batch(self) -> list[Verdict]:
+        """The second half of :meth:`observe_cut`, once the detectors learnt: the tick."""
+        return self._verdicts(self._tick())
 
     def advance(self, now_us: int) -> list[Verdict]:
         """The event-time clock moved on (maybe without events here): hangs, silence."""

@@ -43,22 +43,77 @@ from streams.core.comm import (
     identities,
     progress_conns,
 )
+from streams.core.detector import Batch
+from streams.core.straggler import AlignerGroup, StragglerDetector
 from streams.verdicts import Verdict
 
-__all__ = ["cut_many", "fold_many", "observe_many"]
+__all__ = ["CommGroup", "cut_many", "fold_many", "observe_many"]
 
 _FEW = 2
 """Below this many communicators the grouped pass costs more than it saves."""
 
 
-def observe_many(items: Sequence[tuple[CommDetector, EventColumnsLike]]) -> list[list[Verdict]]:
+class CommGroup:
+    """What stays laid out together between calls of :func:`observe_many` for the same
+    communicators (one per job lane): their straggler aligners' rings
+    (:class:`~streams.core.straggler.AlignerGroup`). Holds views of the communicators'
+    own state, nothing of its own that a checkpoint would need."""
+
+    def __init__(self) -> None:
+        self.stragglers = AlignerGroup()
+
+
+def observe_many(
+    items: Sequence[tuple[CommDetector, EventColumnsLike]], group: CommGroup | None = None
+) -> list[list[Verdict]]:
     """Each communicator's batch (columns, ``n`` > 0) observed, in the order given: the
     verdicts of each, as :meth:`CommDetector.observe_columns` of it would return them.
-    A communicator may appear once per call."""
+    A communicator may appear once per call. ``group`` (kept by the caller from call to
+    call): the detectors that have a grouped pass learn in it."""
     cuts = cut_many([c for _, c in items])
-    if len(cuts) >= _FEW:
-        fold_many([d for d, _ in items], cuts)
-    return [d.observe_cut(c) for (d, _), c in zip(items, cuts, strict=True)]
+    if len(cuts) < _FEW:
+        return [d.observe_cut(c) for (d, _), c in zip(items, cuts, strict=True)]
+    dets = [d for d, _ in items]
+    fold_many(dets, cuts)
+    if group is None:
+        return [d.observe_cut(c) for d, c in zip(dets, cuts, strict=True)]
+    # each communicator's detectors learn in turn, but the stragglers' all at once
+    # after: a detector's learn changes only its own state (the Detector contract), so
+    # the order between them is free; the ticks come after every learn, as alone. No
+    # per-communicator object is kept across the loop (the collector's survivors)
+    outs: list[list[Verdict]] = []
+    st = _Stragglers()
+    for d, c in zip(dets, cuts, strict=True):
+        out, batch = d.take_cut(c)
+        for x in d.detectors:
+            if x.__class__ is not StragglerDetector:
+                x.learn(d.view, batch)
+            elif batch.rank.size:
+                st.add(x, d.view.now, batch)  # type: ignore[arg-type]
+        outs.append(out)
+    if st.dets:
+        group.stragglers.learn_many(st.dets, st.nows, st.ranks, st.seqs, st.execs, st.distinct)
+    return [out + d.end_batch() for d, out in zip(dets, outs, strict=True)]
+
+
+class _Stragglers:
+    """The straggler detectors' batches of one call, as parallel lists."""
+
+    def __init__(self) -> None:
+        self.dets: list[StragglerDetector] = []
+        self.nows: list[int] = []
+        self.ranks: list[np.ndarray] = []
+        self.seqs: list[np.ndarray] = []
+        self.execs: list[np.ndarray] = []
+        self.distinct: list[list[int]] = []
+
+    def add(self, d: StragglerDetector, now: int, b: Batch) -> None:
+        self.dets.append(d)
+        self.nows.append(now)
+        self.ranks.append(b.rank)
+        self.seqs.append(b.seq)
+        self.execs.append(b.exec_us)
+        self.distinct.append(b.distinct)
 
 
 def fold_many(dets: Sequence[CommDetector], cuts: list[Cut]) -> None:
