@@ -189,6 +189,15 @@ class CommDetector:
         updated; the verdicts of a window this batch closed, and the batch each detector
         must now learn — then :meth:`end_batch` (the group judges many communicators'
         detectors together between the two)."""
+        out = self.begin_cut(c)
+        self.view.ranks.last_recv[c.ident_rank] = self.view.now
+        return out, self.fold_cut(c)
+
+    def begin_cut(self, c: Cut) -> list[Verdict]:
+        """:meth:`take_cut` up to the rank table's counters: the clock (and the window
+        it closed: its verdicts), the ranks' identities. The counters' updates follow,
+        here (:meth:`take_cut`) or for many communicators at once
+        (:class:`~streams.core.ranks.RankTableGroup`), then :meth:`fold_cut`."""
         v = self.view
         if not v.job:
             v.job, v.comm_name = c.job, c.comm_name
@@ -201,13 +210,18 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += c.n
-        self._learn_identities(c.ident, c.ident_rank, c.ident_cols)
+        self._learn_identities(c.ident, c.ident_rank, c.ident_cols, stamp=False)
+        return out
+
+    def fold_cut(self, c: Cut, tables: bool = True) -> Batch:
+        """The rest of :meth:`take_cut`: the learned normal (and, with ``tables``, the
+        rank table's last ops and progress counters) updated; the batch to learn."""
         batch = self._fold(
             c.op_objs, c.ro, c.seq, c.exec_us, c.ts, c.distinct, c.prog, c.rp, c.started,
-            c.completed, c.inflight_us, c.conns, c.first, c.folded,
+            c.completed, c.inflight_us, c.conns, c.first, c.folded, tables,
         )  # fmt: skip
         batch.prog_conns = c.prog_conns
-        return out, batch
+        return batch
 
     def end_batch(self) -> list[Verdict]:
         """The second half of :meth:`observe_cut`, once the detectors learnt: the tick."""
@@ -286,10 +300,12 @@ class CommDetector:
             d.grow(n)
 
     def _learn_identities(
-        self, events: Sequence[Event], r: np.ndarray, cols: Identities | None = None
-    ) -> None:
+        self, events: Sequence[Event], r: np.ndarray, cols: Identities | None = None,
+        stamp: bool = True,
+    ) -> None:  # fmt: skip
         """Ranks first seen in ``events`` (ranks ``r``) learn who they are; ``cols``:
-        the same rows' identities as columns, when offered (no event objects)."""
+        the same rows' identities as columns, when offered (no event objects);
+        ``stamp``: and their last receipt is now (else the caller does it)."""
         top = int(r.max())
         t = self.view.ranks
         if top >= t.n:
@@ -305,7 +321,8 @@ class CommDetector:
                     e = events[i]
                     t.learn_identity(e.rank, e.host, e.gpu, e.nic)
             self._all_known = bool(unknown.size) and bool((t.host_idx >= 0).all())
-        t.last_recv[r] = self.view.now
+        if stamp:
+            t.last_recv[r] = self.view.now
 
     def _batch(
         self,
@@ -347,12 +364,14 @@ class CommDetector:
         conns: ConnArrays | None = None,
         first: np.ndarray | None = None,
         folded: Folded | None = None,
+        tables: bool = True,
     ) -> Batch:
         """:meth:`_batch` from arrays (op fields in arrival order, ``distinct`` seqs
         ascending; ``infl`` 0 where absent), shared by the object and the column path.
         ``first``: the op fields come sorted by (rank, seq) already, and this marks
         each rank's first op (the grouped path sorts all communicators at once);
-        ``folded``: the periods and each rank's last op computed with them."""
+        ``folded``: the periods and each rank's last op computed with them; ``tables``
+        False (with ``folded``): the rank table's counters are written by the caller."""
         v, t = self.view, self.view.ranks
         empty = np.empty(0, np.int64)
         if not len(ro):
@@ -361,8 +380,9 @@ class CommDetector:
         elif folded is not None:
             r = ro
             v.model.learn_periods(folded.periods)
-            t.last_op_ts[folded.last_rank] = folded.last_ts
-            t.last_op_seq[folded.last_rank] = folded.last_seq
+            if tables:
+                t.last_op_ts[folded.last_rank] = folded.last_ts
+                t.last_op_seq[folded.last_rank] = folded.last_seq
             v.model.learn_ops(x)
         else:
             k = len(ro)
@@ -393,7 +413,7 @@ class CommDetector:
             t.last_op_ts[r[last]] = ts[last]
             t.last_op_seq[r[last]] = s[last]
             v.model.learn_ops(x)
-        if len(rp):
+        if len(rp) and tables:
             t.started[rp] = st
             t.completed[rp] = cp
             t.inflight_us[rp] = infl

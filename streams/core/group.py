@@ -44,6 +44,7 @@ from streams.core.comm import (
     progress_conns,
 )
 from streams.core.detector import Batch
+from streams.core.ranks import RankTableGroup
 from streams.core.straggler import AlignerGroup, StragglerDetector
 from streams.verdicts import Verdict
 
@@ -55,11 +56,13 @@ _FEW = 2
 
 class CommGroup:
     """What stays laid out together between calls of :func:`observe_many` for the same
-    communicators (one per job lane): their straggler aligners' rings
+    communicators (one per job lane): their rank tables' counters
+    (:class:`~streams.core.ranks.RankTableGroup`) and straggler aligners' rings
     (:class:`~streams.core.straggler.AlignerGroup`). Holds views of the communicators'
     own state, nothing of its own that a checkpoint would need."""
 
     def __init__(self) -> None:
+        self.ranks = RankTableGroup()
         self.stragglers = AlignerGroup()
 
 
@@ -77,20 +80,26 @@ def observe_many(
     fold_many(dets, cuts)
     if group is None:
         return [d.observe_cut(c) for d, c in zip(dets, cuts, strict=True)]
-    # each communicator's detectors learn in turn, but the stragglers' all at once
-    # after: a detector's learn changes only its own state (the Detector contract), so
-    # the order between them is free; the ticks come after every learn, as alone. No
-    # per-communicator object is kept across the loop (the collector's survivors)
-    outs: list[list[Verdict]] = []
+    # first every communicator's clock, window and identities; then all rank tables'
+    # counters at once; then each one's detectors in turn, but the stragglers' all at
+    # once after: a detector's learn changes only its own state (the Detector
+    # contract), so the order between them is free; the ticks come after every learn,
+    # as alone. No object per communicator is kept across the loops but the cuts.
+    outs = [d.begin_cut(c) for d, c in zip(dets, cuts, strict=True)]
+    group.ranks.update_many(
+        [d.view.ranks for d in dets], [d.view.now for d in dets], [c.ident_rank for c in cuts],
+        [None if c.folded is None else (c.folded.last_rank, c.folded.last_ts, c.folded.last_seq)
+         for c in cuts],
+        [(c.rp, c.started, c.completed, c.inflight_us) for c in cuts],
+    )  # fmt: skip
     st = _Stragglers()
     for d, c in zip(dets, cuts, strict=True):
-        out, batch = d.take_cut(c)
+        batch = d.fold_cut(c, tables=False)
         for x in d.detectors:
             if x.__class__ is not StragglerDetector:
                 x.learn(d.view, batch)
             elif batch.rank.size:
                 st.add(x, d.view.now, batch)  # type: ignore[arg-type]
-        outs.append(out)
     if st.dets:
         group.stragglers.learn_many(st.dets, st.nows, st.ranks, st.seqs, st.execs, st.distinct)
     return [out + d.end_batch() for d, out in zip(dets, outs, strict=True)]

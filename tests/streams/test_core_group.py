@@ -100,6 +100,7 @@ def test_grouped_equals_one_by_one_for_every_fault_class(
     st = group.stragglers
     assert st.n_grouped > 10 * st.n_alone, "the grouped pass does the usual case"
     assert 1 < st.n_layouts < 10, "laid out again only when a communicator joins or grows"
+    assert 1 < group.ranks.n_layouts < 10
 
 
 @pytest.mark.parametrize("ring", [4, 16, 64])
@@ -173,7 +174,7 @@ def test_communicators_back_from_checkpoints_rejoin_the_layout(
     for i, part in enumerate(slices_):
         if i == len(slices_) // 2:
             dets = {c: CommDetector.from_bytes(d.to_bytes(), cfg) for c, d in dets.items()}
-            layouts = group.stragglers.n_layouts
+            layouts, rank_layouts = group.stragglers.n_layouts, group.ranks.n_layouts
         items = []
         for evs in part:
             d = dets.setdefault(evs[0].comm, CommDetector(evs[0].comm, cfg))
@@ -183,5 +184,6 @@ def test_communicators_back_from_checkpoints_rejoin_the_layout(
         verdicts += [v for d in dets.values() for v in d.advance(now)]
         got += [encode_verdict(v) for v in verdicts]
     assert group.stragglers.n_layouts > layouts, "the restored aligners were laid out anew"
+    assert group.ranks.n_layouts > rank_layouts, "so were the restored rank tables"
     assert got == alone
     assert {c: d.to_bytes() for c, d in dets.items()} == state_alone
