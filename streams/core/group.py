@@ -13,6 +13,14 @@ normal, detectors, checkpoints) is then updated as before, in the same order, so
 verdicts and the state are those of :meth:`CommDetector.observe_columns` called one
 communicator after the other.
 
+Given a :class:`CommGroup` kept from slice to slice, two pieces of that state are also
+updated for all communicators at once: the rank tables' counters
+(:class:`~streams.core.ranks.RankTableGroup`) and the straggler aligners' rings
+(:class:`~streams.core.straggler.AlignerGroup`), each laid out as views of shared
+arrays — the communicators still own (and checkpoint) their state; the group only
+writes into it. Each grouped pass sits next to the code it repeats, and
+``tests/streams/test_core_group.py`` checks that it leaves the same state.
+
 >>> from producers.columnar import decode_arrow, encode_arrow
 >>> from producers.events import ProgressEvent
 >>> from streams.core.config import DetectConfig
