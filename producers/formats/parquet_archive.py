@@ -301,11 +301,11 @@ class BlockColumns:
         coff: np.ndarray,
         src: list[tuple[pa.RecordBatch, np.ndarray]],
         objs: tuple[_SliceObjects, int] | None = None,
-        block: ArchiveBlock | None = None,
+        block: list[ArchiveBlock] | None = None,
     ) -> None:
         self.comm, self.job, self.comm_name = comm, job, comm_name
         self._block = block
-        """The block the rows come from (one part only): its progress connections."""
+        """The block each source of ``src`` comes from: their progress connections."""
         self._objs = objs
         """The slice's shared objects and where these rows start in it (one part only)."""
         self._np = rows
@@ -359,9 +359,39 @@ class BlockColumns:
         """The connections of rows ``idx`` as integers, as events carry them: offsets
         per row (``len(idx) + 1``), peer, send (else recv), bytes, retransmits (0 when
         absent); None when the rows are not one block's."""
-        if self._block is None:
+        blocks = self._block
+        if blocks is None:
             return None
-        return self._block.progress_conns(self._src[0][1][idx])
+        if len(blocks) == 1:
+            return blocks[0].progress_conns(self._src[0][1][idx])
+        # rows of several blocks (a slice cut by a block's end): each block's share, in
+        # order; rows not in source order (never asked so today) get None
+        ends = np.cumsum([len(r) for _, r in self._src])
+        which = np.searchsorted(ends, idx, side="right")
+        if len(idx) and (np.diff(which) < 0).any():
+            return None
+        cut = np.searchsorted(which, np.arange(len(blocks) + 1)).tolist()
+        got = []
+        for k, (blk, (_, r)) in enumerate(zip(blocks, self._src, strict=True)):
+            if cut[k + 1] > cut[k]:
+                got.append(blk.progress_conns(r[idx[cut[k] : cut[k + 1]] - (ends[k] - len(r))]))
+        if len(got) == 1:
+            return got[0]
+        base = np.cumsum([0] + [int(g[0][-1]) for g in got[:-1]])
+        shifted = [g[0][1:] + b for g, b in zip(got, base, strict=True)]
+        off = np.concatenate([np.zeros(1, np.int64), *shifted])
+        return (off, *(np.concatenate([g[j] for g in got]) for j in range(1, 5)))
+
+    def identities(self, idx: np.ndarray) -> tuple[list[str], list[int | None], list[str | None]]:
+        """Host, GPU and NIC (None when absent) of rows ``idx``, read from the columns:
+        a rank first seen learns who it is without an event object."""
+        if self._objs is not None:  # read once for the whole slice
+            shared, start = self._objs
+            return shared.identities(idx + start)
+        got = [_identity_lists(t, r) for t, r in self._src]
+        want = idx.tolist()
+        hosts, gpus, nics = ([x for g in got for x in g[k]] for k in range(3))
+        return [hosts[i] for i in want], [gpus[i] for i in want], [nics[i] for i in want]
 
     def rows(self, idx: np.ndarray) -> Sequence[Event]:
         if self._objs is not None:  # converted with the slice's other rows read whole
@@ -390,7 +420,17 @@ class BlockColumns:
         coff = np.zeros(len(rows[_IS_OP]) + 1, np.int64)
         np.cumsum(rows[_CONNS], out=coff[1:])
         src = [s for p in parts for s in p._src]
-        return BlockColumns(p0.comm, p0.job, p0.comm_name, rows, conns, coff, src)
+        blocks = [b for p in parts for b in p._block] if all(p._block for p in parts) else None
+        return BlockColumns(p0.comm, p0.job, p0.comm_name, rows, conns, coff, src, None, blocks)
+
+
+def _identity_lists(
+    table: pa.RecordBatch, rows: np.ndarray
+) -> tuple[list[str], list[int | None], list[str | None]]:
+    """Host, GPU and NIC of ``rows`` of ``table`` as lists (None where absent), as the
+    event objects would carry them."""
+    t = table.select(["host", "gpu", "nic"]).take(pa.array(rows, pa.int64()))
+    return t.column(0).to_pylist(), t.column(1).to_pylist(), t.column(2).to_pylist()
 
 
 class _SliceObjects:
@@ -399,12 +439,21 @@ class _SliceObjects:
     alone; at a second miss the whole slice (the first slices, where every rank is new
     to every communicator and each asks for its rows)."""
 
-    __slots__ = ("_cache", "_misses", "_rows", "_table")
+    __slots__ = ("_cache", "_ids", "_misses", "_rows", "_table")
 
     def __init__(self, table: pa.RecordBatch, rows: np.ndarray) -> None:
         self._table, self._rows = table, rows
         self._cache: dict[int, Event] = {}
         self._misses = 0
+        self._ids: tuple[list[str], list[int | None], list[str | None]] | None = None
+
+    def identities(self, pos: np.ndarray) -> tuple[list[str], list[int | None], list[str | None]]:
+        """Host, GPU, NIC of the slice's rows ``pos`` (the slice's columns read once)."""
+        if self._ids is None:
+            self._ids = _identity_lists(self._table, self._rows)
+        hosts, gpus, nics = self._ids
+        want = pos.tolist()
+        return [hosts[i] for i in want], [gpus[i] for i in want], [nics[i] for i in want]
 
     def get(self, pos: np.ndarray) -> list[Event]:
         cache = self._cache
@@ -545,7 +594,7 @@ class ArchiveBlock:
                 self.part_comm[i], self.part_job[i], self._cnames[cn] if cn >= 0 else None,
                 {key: a[r0:r1] for key, a in got.items()},
                 tuple(a[c0:c1] for a in conns), goff[r0 : r1 + 1] - c0,
-                [(self._table, rows[r0:r1])], (shared, r0), self,
+                [(self._table, rows[r0:r1])], (shared, r0), [self],
             ))  # fmt: skip
         return out
 

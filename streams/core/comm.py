@@ -31,7 +31,7 @@ in it (hang threshold 2.5 s).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -56,7 +56,11 @@ from streams.core.registry import build_detectors, load_detector
 from streams.core.stats import NormalModel, NormalState, stable_id
 from streams.verdicts import Verdict
 
-__all__ = ["CommDetector", "Cut", "Folded", "cut_columns", "progress_conns"]
+__all__ = ["CommDetector", "Cut", "Folded", "Identities", "cut_columns", "identities",
+           "progress_conns"]  # fmt: skip
+
+Identities = Callable[[np.ndarray], tuple[list[str], list[int | None], list[str | None]] | None]
+"""Rows (by number) → their host, GPU and NIC (None when absent) as lists, or None."""
 
 _TICK_US = 500_000  # how often (event time) detectors' tick runs; hangs cost O(ranks)
 _SCHEMA = 1
@@ -173,8 +177,27 @@ class CommDetector:
 
     def observe_cut(self, c: Cut) -> list[Verdict]:
         """:meth:`observe_columns` of columns already cut into the arrays the core reads
-        (:func:`cut_columns`, or :class:`~streams.core.group.CommGroup` for many
+        (:func:`cut_columns`, or :func:`~streams.core.group.cut_many` for many
         communicators at once)."""
+        out, batch = self.take_cut(c)
+        for d in self.detectors:
+            d.learn(self.view, batch)
+        return out + self.end_batch()
+
+    def take_cut(self, c: Cut) -> tuple[list[Verdict], Batch]:
+        """The first half of :meth:`observe_cut`: the clock, identities and rank table
+        updated; the verdicts of a window this batch closed, and the batch each detector
+        must now learn — then :meth:`end_batch` (the group judges many communicators'
+        detectors together between the two)."""
+        out = self.begin_cut(c)
+        self.view.ranks.last_recv[c.ident_rank] = self.view.now
+        return out, self.fold_cut(c)
+
+    def begin_cut(self, c: Cut) -> list[Verdict]:
+        """:meth:`take_cut` up to the rank table's counters: the clock (and the window
+        it closed: its verdicts), the ranks' identities. The counters' updates follow,
+        here (:meth:`take_cut`) or for many communicators at once
+        (:class:`~streams.core.ranks.RankTableGroup`), then :meth:`fold_cut`."""
         v = self.view
         if not v.job:
             v.job, v.comm_name = c.job, c.comm_name
@@ -187,15 +210,22 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += c.n
-        self._learn_identities(c.ident, c.ident_rank)
+        self._learn_identities(c.ident, c.ident_rank, c.ident_cols, stamp=False)
+        return out
+
+    def fold_cut(self, c: Cut, tables: bool = True) -> Batch:
+        """The rest of :meth:`take_cut`: the learned normal (and, with ``tables``, the
+        rank table's last ops and progress counters) updated; the batch to learn."""
         batch = self._fold(
             c.op_objs, c.ro, c.seq, c.exec_us, c.ts, c.distinct, c.prog, c.rp, c.started,
-            c.completed, c.inflight_us, c.conns, c.first, c.folded,
+            c.completed, c.inflight_us, c.conns, c.first, c.folded, tables,
         )  # fmt: skip
         batch.prog_conns = c.prog_conns
-        for d in self.detectors:
-            d.learn(v, batch)
-        return out + self._verdicts(self._tick())
+        return batch
+
+    def end_batch(self) -> list[Verdict]:
+        """The second half of :meth:`observe_cut`, once the detectors learnt: the tick."""
+        return self._verdicts(self._tick())
 
     def advance(self, now_us: int) -> list[Verdict]:
         """The event-time clock moved on (maybe without events here): hangs, silence."""
@@ -269,18 +299,30 @@ class CommDetector:
         for d in self.detectors:
             d.grow(n)
 
-    def _learn_identities(self, events: Sequence[Event], r: np.ndarray) -> None:
+    def _learn_identities(
+        self, events: Sequence[Event], r: np.ndarray, cols: Identities | None = None,
+        stamp: bool = True,
+    ) -> None:  # fmt: skip
+        """Ranks first seen in ``events`` (ranks ``r``) learn who they are; ``cols``:
+        the same rows' identities as columns, when offered (no event objects);
+        ``stamp``: and their last receipt is now (else the caller does it)."""
         top = int(r.max())
         t = self.view.ranks
         if top >= t.n:
             self._grow(top + 1)
         if not self._all_known:  # once every rank is known, skip the lookup per batch
             unknown = np.flatnonzero(t.host_idx[r] < 0)
-            for i in unknown.tolist():
-                e = events[i]
-                t.learn_identity(e.rank, e.host, e.gpu, e.nic)
+            got = cols(unknown) if cols is not None and unknown.size else None
+            if got is not None:
+                for rank, host, gpu, nic in zip(r[unknown].tolist(), *got, strict=True):
+                    t.learn_identity(rank, host, gpu, nic)
+            else:
+                for i in unknown.tolist():
+                    e = events[i]
+                    t.learn_identity(e.rank, e.host, e.gpu, e.nic)
             self._all_known = bool(unknown.size) and bool((t.host_idx >= 0).all())
-        t.last_recv[r] = self.view.now
+        if stamp:
+            t.last_recv[r] = self.view.now
 
     def _batch(
         self,
@@ -322,12 +364,14 @@ class CommDetector:
         conns: ConnArrays | None = None,
         first: np.ndarray | None = None,
         folded: Folded | None = None,
+        tables: bool = True,
     ) -> Batch:
         """:meth:`_batch` from arrays (op fields in arrival order, ``distinct`` seqs
         ascending; ``infl`` 0 where absent), shared by the object and the column path.
         ``first``: the op fields come sorted by (rank, seq) already, and this marks
         each rank's first op (the grouped path sorts all communicators at once);
-        ``folded``: the periods and each rank's last op computed with them."""
+        ``folded``: the periods and each rank's last op computed with them; ``tables``
+        False (with ``folded``): the rank table's counters are written by the caller."""
         v, t = self.view, self.view.ranks
         empty = np.empty(0, np.int64)
         if not len(ro):
@@ -336,8 +380,9 @@ class CommDetector:
         elif folded is not None:
             r = ro
             v.model.learn_periods(folded.periods)
-            t.last_op_ts[folded.last_rank] = folded.last_ts
-            t.last_op_seq[folded.last_rank] = folded.last_seq
+            if tables:
+                t.last_op_ts[folded.last_rank] = folded.last_ts
+                t.last_op_seq[folded.last_rank] = folded.last_seq
             v.model.learn_ops(x)
         else:
             k = len(ro)
@@ -368,7 +413,7 @@ class CommDetector:
             t.last_op_ts[r[last]] = ts[last]
             t.last_op_seq[r[last]] = s[last]
             v.model.learn_ops(x)
-        if len(rp):
+        if len(rp) and tables:
             t.started[rp] = st
             t.completed[rp] = cp
             t.inflight_us[rp] = infl
@@ -488,6 +533,8 @@ class Cut:
     first: np.ndarray | None = None
     prog_conns: ProgressConnArrays | None = None
     folded: Folded | None = None
+    ident_cols: Identities | None = None
+    """The identities of ``ident``'s rows read from the columns (see :func:`identities`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,6 +571,7 @@ def cut_columns(cols: EventColumnsLike) -> Cut:
         started=started, completed=completed, inflight_us=cols.float("inflight_us")[pr_rows],
         conns=conn_arrays(cols, op_rows, counts, rank, s),
         prog_conns=progress_conns(cols, pr_rows, started > completed),
+        ident_cols=identities(cols, order),
     )  # fmt: skip
 
 
@@ -540,6 +588,16 @@ def conn_arrays(
     peer, send, nbytes, time_us = cols.conn_arrays(with_conns)
     return ConnArrays(np.repeat(rank[with_conns], k), np.repeat(s[has], k), peer, send,
                       nbytes, time_us)  # fmt: skip
+
+
+def identities(cols: EventColumnsLike, order: np.ndarray) -> Identities | None:
+    """Who sent rows ``order[i]`` of ``cols``, for rows ``i`` (a rank first seen), when
+    the columns offer it (an optional ``identities(idx)`` method: host, GPU, NIC lists)
+    — then no event object is built to learn a new rank's identity."""
+    get = getattr(cols, "identities", None)
+    if get is None:
+        return None
+    return lambda i: get(order[i])
 
 
 def progress_conns(

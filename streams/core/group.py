@@ -13,6 +13,14 @@ normal, detectors, checkpoints) is then updated as before, in the same order, so
 verdicts and the state are those of :meth:`CommDetector.observe_columns` called one
 communicator after the other.
 
+Given a :class:`CommGroup` kept from slice to slice, two pieces of that state are also
+updated for all communicators at once: the rank tables' counters
+(:class:`~streams.core.ranks.RankTableGroup`) and the straggler aligners' rings
+(:class:`~streams.core.straggler.AlignerGroup`), each laid out as views of shared
+arrays — the communicators still own (and checkpoint) their state; the group only
+writes into it. Each grouped pass sits next to the code it repeats, and
+``tests/streams/test_core_group.py`` checks that it leaves the same state.
+
 >>> from producers.columnar import decode_arrow, encode_arrow
 >>> from producers.events import ProgressEvent
 >>> from streams.core.config import DetectConfig
@@ -40,24 +48,89 @@ from streams.core.comm import (
     Folded,
     conn_arrays,
     cut_columns,
+    identities,
     progress_conns,
 )
+from streams.core.detector import Batch
+from streams.core.ranks import RankTableGroup
+from streams.core.straggler import AlignerGroup, StragglerDetector
 from streams.verdicts import Verdict
 
-__all__ = ["cut_many", "fold_many", "observe_many"]
+__all__ = ["CommGroup", "cut_many", "fold_many", "observe_many"]
 
 _FEW = 2
 """Below this many communicators the grouped pass costs more than it saves."""
 
 
-def observe_many(items: Sequence[tuple[CommDetector, EventColumnsLike]]) -> list[list[Verdict]]:
+class CommGroup:
+    """What stays laid out together between calls of :func:`observe_many` for the same
+    communicators (one per job lane): their rank tables' counters
+    (:class:`~streams.core.ranks.RankTableGroup`) and straggler aligners' rings
+    (:class:`~streams.core.straggler.AlignerGroup`). Holds views of the communicators'
+    own state, nothing of its own that a checkpoint would need."""
+
+    def __init__(self) -> None:
+        self.ranks = RankTableGroup()
+        self.stragglers = AlignerGroup()
+
+
+def observe_many(
+    items: Sequence[tuple[CommDetector, EventColumnsLike]], group: CommGroup | None = None
+) -> list[list[Verdict]]:
     """Each communicator's batch (columns, ``n`` > 0) observed, in the order given: the
     verdicts of each, as :meth:`CommDetector.observe_columns` of it would return them.
-    A communicator may appear once per call."""
+    A communicator may appear once per call. ``group`` (kept by the caller from call to
+    call): the detectors that have a grouped pass learn in it."""
     cuts = cut_many([c for _, c in items])
-    if len(cuts) >= _FEW:
-        fold_many([d for d, _ in items], cuts)
-    return [d.observe_cut(c) for (d, _), c in zip(items, cuts, strict=True)]
+    if len(cuts) < _FEW:
+        return [d.observe_cut(c) for (d, _), c in zip(items, cuts, strict=True)]
+    dets = [d for d, _ in items]
+    fold_many(dets, cuts)
+    if group is None:
+        return [d.observe_cut(c) for d, c in zip(dets, cuts, strict=True)]
+    # first every communicator's clock, window and identities; then all rank tables'
+    # counters at once; then each one's detectors in turn, but the stragglers' all at
+    # once after: a detector's learn changes only its own state (the Detector
+    # contract), so the order between them is free; the ticks come after every learn,
+    # as alone. No object per communicator is kept across the loops but the cuts.
+    outs = [d.begin_cut(c) for d, c in zip(dets, cuts, strict=True)]
+    group.ranks.update_many(
+        [d.view.ranks for d in dets], [d.view.now for d in dets], [c.ident_rank for c in cuts],
+        [None if c.folded is None else (c.folded.last_rank, c.folded.last_ts, c.folded.last_seq)
+         for c in cuts],
+        [(c.rp, c.started, c.completed, c.inflight_us) for c in cuts],
+    )  # fmt: skip
+    st = _Stragglers()
+    for d, c in zip(dets, cuts, strict=True):
+        batch = d.fold_cut(c, tables=False)
+        for x in d.detectors:
+            if x.__class__ is not StragglerDetector:
+                x.learn(d.view, batch)
+            elif batch.rank.size:
+                st.add(x, d.view.now, batch)  # type: ignore[arg-type]
+    if st.dets:
+        group.stragglers.learn_many(st.dets, st.nows, st.ranks, st.seqs, st.execs, st.distinct)
+    return [out + d.end_batch() for d, out in zip(dets, outs, strict=True)]
+
+
+class _Stragglers:
+    """The straggler detectors' batches of one call, as parallel lists."""
+
+    def __init__(self) -> None:
+        self.dets: list[StragglerDetector] = []
+        self.nows: list[int] = []
+        self.ranks: list[np.ndarray] = []
+        self.seqs: list[np.ndarray] = []
+        self.execs: list[np.ndarray] = []
+        self.distinct: list[list[int]] = []
+
+    def add(self, d: StragglerDetector, now: int, b: Batch) -> None:
+        self.dets.append(d)
+        self.nows.append(now)
+        self.ranks.append(b.rank)
+        self.seqs.append(b.seq)
+        self.execs.append(b.exec_us)
+        self.distinct.append(b.distinct)
 
 
 def fold_many(dets: Sequence[CommDetector], cuts: list[Cut]) -> None:
@@ -65,29 +138,17 @@ def fold_many(dets: Sequence[CommDetector], cuts: list[Cut]) -> None:
     its communicator's rank table computes (:class:`~streams.core.comm.Folded`): the
     period between consecutive collectives of a rank by its own clock, with the table's
     last op as the predecessor of a rank's first op of the batch — one numpy pass for
-    all communicators but the look-up of those predecessors."""
+    all communicators, the look-up of those predecessors included."""
     r = np.concatenate([c.ro for c in cuts])
     if not len(r):
         return
     s = np.concatenate([c.seq for c in cuts])
     ts = np.concatenate([c.ts for c in cuts])
     first = np.concatenate([c.first for c in cuts])  # type: ignore[misc]
-    nf = np.zeros(len(cuts) + 1, np.int64)
-    np.cumsum([int(c.first.sum()) if len(c.ro) else 0 for c in cuts], out=nf[1:])  # type: ignore[union-attr]
-    rf = r[first]
-    f_ts = np.empty(len(rf), np.int64)
-    f_seq = np.empty(len(rf), np.int64)
-    for d, a, b in zip(dets, nf[:-1].tolist(), nf[1:].tolist(), strict=True):
-        if b > a:  # the table's last op of each rank (a rank not in it yet: none)
-            t, ranks = d.view.ranks, rf[a:b]
-            if int(ranks.max()) < t.n:
-                f_ts[a:b] = t.last_op_ts[ranks]
-                f_seq[a:b] = t.last_op_seq[ranks]
-            else:
-                known = ranks < t.n
-                f_ts[a:b], f_seq[a:b] = -1, -2  # what RankTable.grow gives a new rank
-                f_ts[a:b][known] = t.last_op_ts[ranks[known]]
-                f_seq[a:b][known] = t.last_op_seq[ranks[known]]
+    no = np.zeros(len(cuts) + 1, np.int64)  # each cut's ops in the concatenation
+    np.cumsum([len(c.ro) for c in cuts], out=no[1:])
+    n_first = np.diff(np.concatenate([[0], np.cumsum(first)])[no])
+    f_ts, f_seq = _last_ops(dets, n_first, r[first])
     prev_ts = np.empty(len(r), np.int64)
     prev_ts[1:] = ts[:-1]
     prev_seq = np.empty(len(r), np.int64)
@@ -101,14 +162,34 @@ def fold_many(dets: Sequence[CommDetector], cuts: list[Cut]) -> None:
     last[-1] = True
     last[:-1] = first[1:]
     lr, lts, lseq = r[last], ts[last], s[last]
-    no = np.zeros(len(cuts) + 1, np.int64)
-    np.cumsum([len(c.ro) for c in cuts], out=no[1:])
     n_ok = np.concatenate([[0], np.cumsum(ok)])[no].tolist()
     n_last = np.concatenate([[0], np.cumsum(last)])[no].tolist()
     for i, c in enumerate(cuts):
         if len(c.ro):
             a, b = n_last[i], n_last[i + 1]
             c.folded = Folded(good[n_ok[i] : n_ok[i + 1]], lr[a:b], lts[a:b], lseq[a:b])
+
+
+def _last_ops(
+    dets: Sequence[CommDetector], n_first: np.ndarray, rf: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rank table's last op (ts, seq) of the ranks ``rf`` (``n_first`` of them per
+    communicator, laid end to end), read from all the tables laid end to end in one
+    look-up; a rank not in its table yet gets what :meth:`RankTable.grow` gives it."""
+    tables = [d.view.ranks for d in dets]
+    sizes = np.fromiter((t.n for t in tables), np.int64, len(tables))
+    start = np.zeros(len(tables), np.int64)
+    np.cumsum(sizes[:-1], out=start[1:])
+    known = rf < np.repeat(sizes, n_first)
+    at = np.repeat(start, n_first) + rf
+    all_ts = np.concatenate([t.last_op_ts for t in tables])
+    all_seq = np.concatenate([t.last_op_seq for t in tables])
+    if known.all():
+        return all_ts[at], all_seq[at]
+    f_ts = np.full(len(rf), -1, np.int64)
+    f_seq = np.full(len(rf), -2, np.int64)
+    f_ts[known], f_seq[known] = all_ts[at[known]], all_seq[at[known]]
+    return f_ts, f_seq
 
 
 def cut_many(parts: Sequence[EventColumnsLike]) -> list[Cut]:
@@ -188,5 +269,6 @@ def cut_many(parts: Sequence[EventColumnsLike]) -> list[Cut]:
             conns=conn_arrays(c, loc_ops, counts_ops, c.int("rank"), seq_all[op_rows[o0:o1]]),
             first=first[o0:o1],
             prog_conns=progress_conns(c, loc_pr, busy[prs]) if busy_part[i] else None,
+            ident_cols=identities(c, order),
         ))  # fmt: skip
     return out

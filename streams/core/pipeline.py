@@ -30,7 +30,7 @@ from streams.core.columns import ColumnBlockLike, EventColumnsLike
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.core.correlate import HostCorrelator, LateEvidence
-from streams.core.group import observe_many
+from streams.core.group import CommGroup, observe_many
 from streams.core.snapshot import judge_snapshot
 from streams.verdicts import Verdict
 
@@ -52,6 +52,8 @@ class _Lane:
     empty list for them, so the order of communicators is the order of arrival)."""
     blocks: list[tuple[ColumnBlockLike, list[int]]] = field(default_factory=list)
     """Parts of blocks in the open slice (cut per communicator only when it closes)."""
+    group: CommGroup = field(default_factory=CommGroup)
+    """The job's communicators' state laid out together for the grouped pass."""
 
 
 class DetectionPipeline:
@@ -283,7 +285,7 @@ class DetectionPipeline:
                 grouped.append((d, cols[0].concat(cols)))
             else:  # fed both ways in one slice (mixed inputs): as objects
                 slots.append(d.observe(evs + [e for c in cols for e in c.to_events()]))
-        got = observe_many(grouped) if grouped else []
+        got = observe_many(grouped, lane.group) if grouped else []
         for x in slots:  # in the order of arrival, as one by one
             verdicts += got[x] if isinstance(x, int) else x
         self.n_events += lane.buffered

@@ -23,6 +23,7 @@ collectives and whose log-lateness stands far above its peers' (median/MAD).
 
 from __future__ import annotations
 
+import weakref
 from typing import ClassVar
 
 import msgspec
@@ -36,6 +37,7 @@ from streams.core.findings import Finding, Observation, StragglerEvidence, Waiti
 from streams.core.stats import median, quantile_from_state, quantile_state
 
 __all__ = [
+    "AlignerGroup",
     "AlignerState",
     "SeqAligner",
     "StragglerDetector",
@@ -348,7 +350,11 @@ class StragglerDetector:
         if batch.rank.size == 0:
             return
         x = batch.exec_us.astype(np.float32)
-        for med in self.aligner.insert(batch.rank, batch.seq, x, view.now, batch.distinct):
+        self.learn_closed(self.aligner.insert(batch.rank, batch.seq, x, view.now, batch.distinct))
+
+    def learn_closed(self, meds: list[float]) -> None:
+        """The medians of collectives the aligner just judged (the learned step)."""
+        for med in meds:
             self.step.update(med)
 
     def tick(self, view: CommView) -> Output:
@@ -456,3 +462,139 @@ class StragglerDetector:
             note = Waiting(gpus=gpus, extra_ms=extra_ms)
             out.append(Observation("straggler", t.hosts[hi], reason, start, end, note, rs))
         return out
+
+
+class AlignerGroup:
+    """The aligner rings of many communicators laid out together, so that a slice's
+    inserts for all of them are one numpy pass (:meth:`learn_many`) instead of about
+    twenty small numpy calls per communicator.
+
+    Each aligner's ``tag``, ``count``, ``opened`` become rows of (communicator × ring)
+    matrices and its ``exec`` a band of columns of one (ring × all ranks) matrix: numpy
+    views, so the aligner itself (``insert``, ``close_due``, ``grow``, its checkpoint)
+    works as before and sees what the group wrote. An aligner whose arrays are no
+    longer views of the group's (it grew, or came back from a checkpoint) is laid out
+    again with the others of the call. The physics stays in :meth:`SeqAligner.insert`:
+    the group does only its usual case (every new collective's row is free: the ring
+    does not wrap within the batch) and hands anything else to the aligner itself;
+    ``tests/streams/test_core_group.py`` checks the two give the same state."""
+
+    def __init__(self) -> None:
+        self.ring = -1
+        self.tag = np.empty((0, 0), np.int64)
+        self.count = np.empty((0, 0), np.int32)
+        self.opened = np.empty((0, 0), np.int64)
+        self.exec = np.empty((0, 0), np.float32)
+        self._where: dict[int, tuple[int, int]] = {}
+        """id(aligner) -> (its row, its first column)."""
+        self._members: list[weakref.ref[SeqAligner]] = []
+        self.n_layouts = 0
+        self.n_grouped = 0
+        self.n_alone = 0
+        """Batches inserted by the grouped pass / by the aligner itself (for tests)."""
+
+    def _alone(
+        self, d: StragglerDetector, now: int, r: np.ndarray, s: np.ndarray, x: np.ndarray,
+        distinct: list[int],
+    ) -> None:  # fmt: skip
+        """One batch as :meth:`StragglerDetector.learn` does it (on the views)."""
+        d.learn_closed(d.aligner.insert(r, s, x.astype(np.float32), now, distinct))
+
+    def _fits(self, aligners: list[SeqAligner]) -> bool:
+        where = self._where
+        for a in aligners:
+            if (
+                id(a) not in where
+                or a.exec.base is not self.exec
+                or a.tag.base is not self.tag
+                or a.count.base is not self.count
+                or a.opened.base is not self.opened
+            ):
+                return False
+        return True
+
+    def _lay_out(self, aligners: list[SeqAligner]) -> None:
+        """Copy the aligners' rings into new shared arrays; theirs become views."""
+        ring, k = aligners[0].ring, len(aligners)
+        width = sum(a.n for a in aligners)
+        self.ring = ring
+        self.tag = np.empty((k, ring), np.int64)
+        self.count = np.empty((k, ring), np.int32)
+        self.opened = np.empty((k, ring), np.int64)
+        self.exec = np.empty((ring, width), np.float32)
+        self._where = {}
+        self._members = [weakref.ref(a) for a in aligners]
+        off = 0
+        for i, a in enumerate(aligners):
+            self.tag[i], self.count[i], self.opened[i] = a.tag, a.count, a.opened
+            self.exec[:, off : off + a.n] = a.exec
+            a.tag, a.count, a.opened = self.tag[i], self.count[i], self.opened[i]
+            a.exec = self.exec[:, off : off + a.n]
+            self._where[id(a)] = (i, off)
+            off += a.n
+        self.n_layouts += 1
+
+    def learn_many(
+        self, dets: list[StragglerDetector], nows: list[int], ranks: list[np.ndarray],
+        seqs: list[np.ndarray], execs: list[np.ndarray], distinct: list[list[int]],
+    ) -> None:  # fmt: skip
+        """:meth:`StragglerDetector.learn` of each detector (a batch with ops: its
+        ranks, seqs, kernel times, distinct seqs ascending; its clock ``nows``), in one
+        pass for those whose batch opens only free rows (parallel lists: no object per
+        communicator)."""
+        aligners = [d.aligner for d in dets]
+        m = len(dets)
+        if len({a.ring for a in aligners}) > 1 or len(set(map(id, aligners))) < m:
+            for i in range(m):  # rings of different sizes: not laid out together
+                self._alone(dets[i], nows[i], ranks[i], seqs[i], execs[i], distinct[i])
+            return
+        if not self._fits(aligners):
+            # those laid out before and untouched since stay (not laid out at every
+            # slice that misses one of them); a weak reference: a communicator dropped
+            # by its owner is not kept alive here
+            kept = [a for a in (w() for w in self._members) if a is not None and self._fits([a])]
+            new = {id(a) for a in aligners}
+            self._lay_out(aligners + [a for a in kept if id(a) not in new])
+        ring = self.ring
+        row = np.array([self._where[id(a)][0] for a in aligners], np.int64)
+        col = np.array([self._where[id(a)][1] for a in aligners], np.int64)
+        sizes = np.fromiter(map(len, ranks), np.int64, m)
+        seg = np.repeat(np.arange(m), sizes)
+        r = np.concatenate(ranks)
+        s = np.concatenate(seqs)
+        slots = s % ring
+        new_row = self.tag[row[seg], slots] != s
+        # the batches' distinct collectives: which need a row, and is it free?
+        nd = np.fromiter(map(len, distinct), np.int64, m)
+        u = np.fromiter((x for d in distinct for x in d), np.int64, int(nd.sum()))
+        useg = np.repeat(np.arange(m), nd)
+        dstart = np.zeros(m + 1, np.int64)
+        np.cumsum(nd, out=dstart[1:])
+        span_ok = u[dstart[1:] - 1] - u[dstart[:-1]] < ring  # ascending: last - first
+        usl = u % ring
+        utag = self.tag[row[useg], usl]
+        unew = utag != u
+        taken = np.bincount(useg, weights=unew & (utag != -1), minlength=m) > 0
+        needs = np.bincount(seg, weights=new_row, minlength=m) > 0
+        alone = needs & (taken | ~span_ok)  # the ring wraps or is full: the aligner's way
+        for i in np.flatnonzero(alone).tolist():
+            self._alone(dets[i], nows[i], ranks[i], seqs[i], execs[i], distinct[i])
+        self.n_alone += int(alone.sum())
+        self.n_grouped += m - int(alone.sum())
+        # open the new collectives' rows (all free), then write every kernel time
+        op = unew & ~alone[useg]
+        oi, osl = useg[op], usl[op]
+        self.tag[row[oi], osl] = u[op]
+        self.count[row[oi], osl] = 0
+        self.opened[row[oi], osl] = np.array(nows, np.int64)[oi]
+        width = np.fromiter((a.n for a in aligners), np.int64, m)[oi]
+        starts = np.zeros(len(oi) + 1, np.int64)
+        np.cumsum(width, out=starts[1:])
+        band = np.repeat(col[oi] - starts[:-1], width) + np.arange(int(starts[-1]))
+        self.exec[np.repeat(osl, width), band] = np.nan
+        keep = ~alone[seg]
+        x = np.concatenate(execs).astype(np.float32)
+        ks, kslot = seg[keep], slots[keep]
+        self.exec[kslot, col[ks] + r[keep]] = x[keep]
+        flat = np.bincount(row[ks] * ring + kslot, minlength=self.tag.size)
+        self.count += flat.reshape(self.tag.shape).astype(np.int32)

@@ -8,10 +8,10 @@ import msgspec
 import pytest
 
 from producers.columnar import decode_arrow, encode_arrow
-from producers.events import Event
+from producers.events import Event, OpEvent
 from producers.simulator import SCENARIOS, FaultSpec, simulate
 from streams.core import CommDetector, DetectConfig
-from streams.core.group import cut_many, observe_many
+from streams.core.group import CommGroup, cut_many, observe_many
 from streams.verdicts import encode_verdict
 
 _SLICE_US = 500_000
@@ -53,8 +53,13 @@ def slices(request: pytest.FixtureRequest) -> tuple[str, list[list[list[Event]]]
     return request.param, _slices(request.param, late_comm_from_s=12)
 
 
-def _run(slices: list[list[list[Event]]], grouped: bool) -> tuple[list[bytes], dict[str, bytes]]:
-    cfg = DetectConfig()
+def _run(
+    slices: list[list[list[Event]]], grouped: bool, group: CommGroup | None = None,
+    cfg: DetectConfig | None = None,
+) -> tuple[list[bytes], dict[str, bytes]]:  # fmt: skip
+    """Verdicts and final checkpoints, each communicator alone or ``grouped`` (with
+    ``group``: the detectors with a grouped pass learn in it)."""
+    cfg = cfg or DetectConfig()
     dets: dict[str, CommDetector] = {}
     got: list[bytes] = []
     for part in slices:
@@ -64,7 +69,7 @@ def _run(slices: list[list[list[Event]]], grouped: bool) -> tuple[list[bytes], d
             d = dets.setdefault(comm, CommDetector(comm, cfg))
             items.append((d, decode_arrow(encode_arrow(evs))[0]))
         if grouped:
-            verdicts = [v for vs in observe_many(items) for v in vs]
+            verdicts = [v for vs in observe_many(items, group) for v in vs]
         else:
             verdicts = [v for d, c in items for v in d.observe_columns(c)]
         now = max(e.ts_us for evs in part for e in evs)
@@ -88,6 +93,38 @@ def test_grouped_equals_one_by_one_for_every_fault_class(
     assert faults >= FOUND[sim]
     assert together == alone
     assert state_together == state_alone
+    group = CommGroup()
+    laid_out, state_laid_out = _run(slices_, grouped=True, group=group)
+    assert laid_out == alone
+    assert state_laid_out == state_alone
+    st = group.stragglers
+    assert st.n_grouped > 10 * st.n_alone, "the grouped pass does the usual case"
+    assert 1 < st.n_layouts < 10, "laid out again only when a communicator joins or grows"
+    assert 1 < group.ranks.n_layouts < 10
+
+
+@pytest.mark.parametrize("ring", [4, 16, 64])
+def test_rings_that_wrap_within_a_batch_are_left_to_the_aligner(
+    slices: tuple[str, list[list[list[Event]]]], ring: int
+) -> None:
+    """Small rings: a batch's collectives share rows or find them taken (the aligner
+    closes what the full ring pushes out), mixed with batches the group inserts. Some
+    ops are lost on the way (a rank absent from a collective: its cell stays empty)."""
+    cfg = DetectConfig(seq_ring=ring)
+
+    def kept(k: int, e: Event) -> bool:  # about one op in eleven lost
+        return not isinstance(e, OpEvent) or (k * 7 + e.rank) % 11 != 0
+
+    slices_ = [
+        [[e for k, e in enumerate(evs) if kept(k, e)] for evs in part] for part in slices[1][:40]
+    ]
+    alone, state_alone = _run(slices_, grouped=False, cfg=cfg)
+    group = CommGroup()
+    laid_out, state_laid_out = _run(slices_, grouped=True, group=group, cfg=cfg)
+    assert laid_out == alone
+    assert state_laid_out == state_alone
+    assert group.stragglers.n_alone > 0 or ring == 64  # 64: the default, never wraps here
+    assert group.stragglers.n_grouped > 0 or ring == 4
 
 
 def test_a_communicator_joining_mid_run_is_judged_alike(
@@ -121,3 +158,32 @@ def test_cuts_match_the_one_by_one_cut(slices: tuple[str, list[list[list[Event]]
             zip(g.ro.tolist(), g.seq.tolist(), strict=True)
         )
         assert g.rp.tolist() == one.rp.tolist() and g.started.tolist() == one.started.tolist()
+
+
+def test_communicators_back_from_checkpoints_rejoin_the_layout(
+    slices: tuple[str, list[list[list[Event]]]],
+) -> None:
+    """Halfway, every communicator is replaced by its checkpoint (as a worker restarts
+    or a partition moves) while the group lives on: same verdicts and state as alone."""
+    slices_ = slices[1]
+    cfg = DetectConfig()
+    alone, state_alone = _run(slices_, grouped=False)
+    group = CommGroup()
+    dets: dict[str, CommDetector] = {}
+    got: list[bytes] = []
+    for i, part in enumerate(slices_):
+        if i == len(slices_) // 2:
+            dets = {c: CommDetector.from_bytes(d.to_bytes(), cfg) for c, d in dets.items()}
+            layouts, rank_layouts = group.stragglers.n_layouts, group.ranks.n_layouts
+        items = []
+        for evs in part:
+            d = dets.setdefault(evs[0].comm, CommDetector(evs[0].comm, cfg))
+            items.append((d, decode_arrow(encode_arrow(evs))[0]))
+        verdicts = [v for vs in observe_many(items, group) for v in vs]
+        now = max(e.ts_us for evs in part for e in evs)
+        verdicts += [v for d in dets.values() for v in d.advance(now)]
+        got += [encode_verdict(v) for v in verdicts]
+    assert group.stragglers.n_layouts > layouts, "the restored aligners were laid out anew"
+    assert group.ranks.n_layouts > rank_layouts, "so were the restored rank tables"
+    assert got == alone
+    assert {c: d.to_bytes() for c, d in dets.items()} == state_alone

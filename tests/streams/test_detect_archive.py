@@ -9,11 +9,13 @@ import zlib
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from producers.columnar import events_table as contract_table
+from producers.formats.parquet_archive import BlockColumns
 from producers.simulator import SCENARIOS, FaultSpec, write_trace
 from producers.sources import open_source, open_sources, sniff
 from producers.traces import BadLine, TraceLine, read_trace
@@ -216,3 +218,49 @@ def test_cli_judges_an_archived_day_with_other_thresholds(trace: Path, tmp_path:
     args = [c4, "detect", str(tmp_path / "events"), "-o", str(tmp_path / "x"), "--config", str(cfg)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "hang_flor_us" in r.stderr
+
+
+def test_progress_conns_and_identities_of_rows_joined_across_blocks_are_the_events(
+    net_trace: Path, tmp_path: Path
+) -> None:
+    """A communicator's rows of several blocks (a slice cut by a block's end) give the
+    hang detector their connections as arrays, and new ranks their identities as lists,
+    equal to the events' own; so do one block's rows (read for the whole slice)."""
+    _archive(net_trace, tmp_path)
+    blocks = [b.block for b in open_sources([tmp_path / "events"], blocks=True)]
+    per_comm: dict[str, list[BlockColumns]] = {}
+    for blk in blocks:
+        assert blk is not None
+        for c in blk.select(np.arange(len(blk.part_comm))):
+            per_comm.setdefault(c.comm, []).append(c)
+    # the communicator whose progress rows carry the most connections (in-flight ops)
+    parts = max(per_comm.values(), key=lambda ps: sum(
+        int(p.conn_counts()[~p.is_op].sum()) for p in ps))  # fmt: skip
+    assert len(parts) >= 3
+    joined = BlockColumns.concat(parts)
+    events = joined.to_events()
+    idx = np.flatnonzero(~joined.is_op)  # every progress row, in order
+    got = joined.progress_conns(idx)
+    assert got is not None
+    off, peer, send, nbytes, retrans = (a.tolist() for a in got)
+    want = [[(c.peer, c.dir == "send", c.bytes, c.retrans or 0) for c in events[i].conns or []]
+            for i in idx.tolist()]  # fmt: skip
+    assert sum(map(len, want)) > 0, "the rows carry connections"
+    have = [list(zip(peer[a:b], send[a:b], nbytes[a:b], retrans[a:b], strict=True))
+            for a, b in zip(off[:-1], off[1:], strict=True)]  # fmt: skip
+    assert have == want
+    for cols in (joined, parts[0], parts[-1]):
+        rows = np.arange(cols.n)[::-1][::3]  # any rows, any order
+        objs = cols.to_events()
+        want_ids = [(objs[i].host, objs[i].gpu, objs[i].nic) for i in rows.tolist()]
+        assert list(zip(*cols.identities(rows), strict=True)) == want_ids
+        assert any(g is not None for _, g, _ in want_ids)
+    some = idx[len(idx) // 3 :: 2]  # a subset spanning blocks
+    sub = joined.progress_conns(some)
+    assert (
+        sub is not None
+        and sub[0].tolist()
+        == np.concatenate(
+            [[0], np.cumsum([len(want[i]) for i in (np.searchsorted(idx, some)).tolist()])]
+        ).tolist()
+    )
