@@ -9,17 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 
-from producers.columnar import ARROW_CONTENT_TYPE, encode_arrow
-from producers.events import Event
+from producers.columnar import ARROW_CONTENT_TYPE, EventColumns, decode_block, encode_arrow
+from producers.events import Conn, Event, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
 from streams.app import detect_runner
 from streams.app.deadletter import Record
 from streams.core import CommDetector, DetectConfig
 from streams.core.comm import Cut
 from tests.streams.test_worker_arrow import _decide
-from tests.streams.test_worker_columns_admission import op
+from tests.streams.test_worker_columns_admission import hb, op
 from tests.streams.test_worker_router import router
 
 CT = ARROW_CONTENT_TYPE.encode()
@@ -130,3 +131,57 @@ def test_a_failure_in_a_group_dead_letters_only_its_communicators_message(
     assert {c: x.detector.n_events for c, x in r.comms.items()} == {
         "0xa": len(msgs[0]), "0xb": len(msgs[1]), "0xc": len(msgs[3])
     }  # fmt: skip
+
+
+LINK_HANG = msgspec.structs.replace(
+    SCENARIOS["healthy"], hosts=8, duration_s=40, seed=7,
+    faults=[FaultSpec(kind="link_hang", host=6, nic=3, peer_host=7, start_s=24)],
+)  # fmt: skip
+
+
+def test_in_flight_progress_connections_are_read_as_arrays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A link hang (heartbeats with per-connection bytes and retransmits while an op is
+    in flight) found alike from JSON objects and from Arrow columns, the columns giving
+    the hang detector their connections as integer arrays, not event objects."""
+    trace = [b for b in simulate(LINK_HANG) if b]
+    got: list[int] = []
+    real = EventColumns.progress_conns
+
+    def spy(self: EventColumns, idx: Any) -> Any:
+        out = real(self, idx)
+        got.append(0 if out is None else int(out[0][-1]))
+        return out
+
+    monkeypatch.setattr(EventColumns, "progress_conns", spy)
+    arrow = _decide(
+        [Record("ev", 0, i, b[0].comm.encode(), encode_arrow(b), None, CT)
+         for i, b in enumerate(trace)], 64,
+    )  # fmt: skip
+    json = _decide(
+        [Record("ev", 0, i, b[0].comm.encode(), encode_message(b)) for i, b in enumerate(trace)],
+        64,
+    )
+    assert arrow == json
+    assert "comm_hang" in {msgspec.json.decode(v)["fault"] for v in arrow[0]}
+    assert got and min(got) >= 0 and sum(got) > 0  # connections came as arrays
+
+
+def test_progress_conns_are_the_events_connections() -> None:
+    evs = [
+        hb(0, 1_000, 5, completed=4, conns=[Conn(peer=1, dir="send", bytes=7, retrans=2),
+                                           Conn(peer=2, dir="recv", bytes=2**60)]),
+        hb(1, 1_000, 5),
+        hb(2, 1_000, 5, completed=4, conns=[Conn(peer=0, dir="recv", bytes=3)]),
+    ]  # fmt: skip
+    _, block = decode_block([(encode_arrow(evs), CT)])
+    assert block is not None
+    cols = block.columns("0xa", [(0, 3)])
+    off, peer, send, nbytes, retrans = cols.progress_conns(np.array([2, 0]))
+    assert off.tolist() == [0, 1, 3]
+    assert peer.tolist() == [0, 1, 2] and send.tolist() == [False, True, False]
+    assert nbytes.tolist() == [3, 7, 2**60] and retrans.tolist() == [0, 2, 0]
+    # several spans (a slice of several messages) keep them too
+    two = block.columns("0xa", [(0, 1), (2, 3)]).progress_conns(np.array([1]))
+    assert two is not None and two[1].tolist() == [0]
