@@ -62,6 +62,10 @@ PARTITIONS = 8
 INSPECTOR_EVENTS_PER_GPU_S = 3 / 0.5  # 3 communicators per GPU, a line each per 0.5 s
 
 
+STALL_S = 60.0
+"""A run whose workers processed nothing for this long is reported as not finished."""
+
+
 def _config(bootstrap: str, prefix: str, workdir: Path) -> WorkerConfig:
     return WorkerConfig(
         kafka=KafkaConfig(bootstrap=bootstrap, topic_prefix=prefix),
@@ -143,7 +147,12 @@ def run(bootstrap: str, trace: Path, tmp: Path, fmt: str, n_workers: int) -> dic
         producer.flush(60)
         sent_s = time.monotonic() - t0
         deadline = t0 + 1800
-        while time.monotonic() < deadline and _processed(workers) < total:
+        seen, moved = 0, time.monotonic()
+        while time.monotonic() < deadline and (now := _processed(workers)) < total:
+            if now != seen:
+                seen, moved = now, time.monotonic()
+            elif time.monotonic() - moved > STALL_S:  # stuck (not slow): say so, go on
+                break
             time.sleep(0.02)
         seconds = time.monotonic() - t0
         cpu1 = _cpu_s(workers)

@@ -343,13 +343,7 @@ class EventColumns:
         """The connections of rows ``idx`` (in order), flat: peer, send (else recv),
         bytes, time (0 when absent)."""
         if _CPEER in self._np:  # flat arrays of this part's connections, from the file
-            counts = self.conn_counts()
-            off = np.zeros(len(counts) + 1, np.int64)
-            np.cumsum(counts, out=off[1:])
-            lens = counts[idx]
-            before = np.zeros(len(lens), np.int64)
-            np.cumsum(lens[:-1], out=before[1:])
-            flat_idx = np.repeat(off[idx] - before, lens) + np.arange(int(lens.sum()))
+            flat_idx = self._conn_index(idx)[1]
             return tuple(self._np[k][flat_idx] for k in _CONN_KEYS)  # type: ignore[return-value]
         flat = self.table.column("conns").take(pa.array(idx, pa.int64())).flatten()
         peer, dirs, nbytes, time_us = (flat.field(k) for k in ("peer", "dir", "bytes", "time_us"))
@@ -359,6 +353,28 @@ class EventColumns:
             _float_column(nbytes),
             _float_column(time_us),
         )
+
+    def progress_conns(self, idx: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """The connections of rows ``idx`` as integers, as events carry them: offsets per
+        row (``len(idx) + 1``), peer, send (else recv), bytes, retransmits (0 when
+        absent) — so the hang detector reads in-flight progress rows without event
+        objects. None when the columns came without them (:func:`core_arrays` with
+        ``progress=True``)."""
+        if _CRETRANS not in self._np:
+            return None
+        off, flat_idx = self._conn_index(idx)
+        return (off, *(self._np[k][flat_idx] for k in (_CPEER, _CSEND, _CBYTES_INT, _CRETRANS)))
+
+    def _conn_index(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``idx``'s connections: offsets per row into the result, and their
+        positions in the flat per-connection arrays."""
+        counts = self.conn_counts()
+        off = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=off[1:])
+        lens = counts[idx]
+        out = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=out[1:])
+        return out, np.repeat(off[idx] - out[:-1], lens) + np.arange(int(out[-1]))
 
     def rows(self, idx: np.ndarray) -> LazyEvents:
         """The rows ``idx`` as event objects, built only when first read."""
@@ -413,10 +429,15 @@ def _conn_counts(col: pa.Array) -> np.ndarray:
     return lengths.to_numpy().astype(np.int64, copy=False)
 
 
-def core_arrays(batch: pa.RecordBatch) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def core_arrays(
+    batch: pa.RecordBatch, *, progress: bool = False
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The numpy columns the detection core reads, for a whole validated batch: per row,
     and per connection (flat, in row order; row ``i`` owns ``offsets[i]:offsets[i+1]``).
-    Slice them per message with :func:`slice_arrays` for :class:`EventColumns`."""
+    Slice them per message with :func:`slice_arrays` for :class:`EventColumns`.
+    ``progress``: also the connections' bytes as integers and retransmits (null: 0), for
+    :meth:`EventColumns.progress_conns` (added after the offsets, so a reader unpacking
+    the default per-connection keys and the offsets in order is unaffected)."""
     rows = {f"{k}:-1": _int_column(batch.column(k)) for k in _CORE_INTS}
     rows.update({f"{k}:0.0": _float_column(batch.column(k)) for k in _CORE_FLOATS})
     rows[_IS_OP] = _np_bool(pc.equal(batch.column("kind"), "op"))
@@ -431,6 +452,9 @@ def core_arrays(batch: pa.RecordBatch) -> tuple[dict[str, np.ndarray], dict[str,
     off = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=off[1:])
     conns[_COFF] = off
+    if progress:
+        conns[_CBYTES_INT] = _int_column(flat.field("bytes"), 0)
+        conns[_CRETRANS] = _int_column(flat.field("retrans"), 0)
     return rows, conns
 
 
@@ -442,13 +466,15 @@ def slice_arrays(
     out = {k: a[start:end] for k, a in rows.items()}
     off = conns[_COFF]
     lo, hi = int(off[start]), int(off[end])
-    out.update({k: conns[k][lo:hi] for k in _CONN_KEYS})
+    out.update({k: a[lo:hi] for k, a in conns.items() if k != _COFF})
     return out
 
 
 _CONN_KEYS = ("__cpeer", "__csend", "__cbytes", "__ctime")
-_CPEER = _CONN_KEYS[0]
+_CPEER, _CSEND = _CONN_KEYS[:2]
 _COFF = "__coff"
+_CBYTES_INT = "__cbytes_int"
+_CRETRANS = "__cretrans"
 
 
 _CORE_INTS = ("rank", "nranks", "ts_us", "seq", "started", "completed")
@@ -1055,7 +1081,7 @@ class ColumnBlock:
     def __init__(self, batch: pa.RecordBatch, starts: np.ndarray) -> None:
         self.batch = batch
         self.starts = starts
-        self.arrays = core_arrays(batch)
+        self.arrays = core_arrays(batch, progress=True)
         self.comm_codes, self.comm_names = _codes(batch.column("comm"))
         self.job_codes, self.job_names = _codes(batch.column("job"))
         self._codes: dict[str, tuple[np.ndarray, list[str]]] = {}
@@ -1108,7 +1134,7 @@ class ColumnBlock:
         arrays = {k: a[idx] for k, a in rows.items()}
         off = conns[_COFF]
         cidx = _spans_index(off[se[:, 0]], off[se[:, 1]])
-        arrays.update({k: conns[k][cidx] for k in _CONN_KEYS})
+        arrays.update({k: a[cidx] for k, a in conns.items() if k != _COFF})
         return EventColumns(comm, None, arrays, [(self.batch, idx)])
 
 

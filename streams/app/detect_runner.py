@@ -39,6 +39,8 @@ from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import DetectorLike, Engine
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
 from streams.app.trust import EventTrust, signature_refusal
+from streams.core import CommDetector
+from streams.core.group import cut_many, fold_many
 from streams.verdicts import Verdict
 
 __all__ = ["CommRouter", "EdgeLimits", "Lane", "contract_problem", "unwrap_state", "wrap_state"]
@@ -73,6 +75,10 @@ class _Group:
 Slice = dict[str, _Group]
 """An open event-time slice of one lane, by communicator."""
 
+_GROUP_MIN = 2
+"""Communicators fed as columns in one slice from which they are judged together (one
+alone is cut on its own, as ``observe_columns`` does)."""
+
 
 def _observe(det: DetectorLike, comm: str, parts: Sequence[tuple[Record, Part]]) -> list[Verdict]:
     """One communicator's parts judged at once: Arrow rows as columns
@@ -83,6 +89,11 @@ def _observe(det: DetectorLike, comm: str, parts: Sequence[tuple[Record, Part]])
         return det.observe([e for _, p in parts for e in p])  # type: ignore[union-attr]
     if len(spans) < len(parts):
         return det.observe([e for _, p in parts for e in _events(p)])
+    return det.observe_columns(_columns(comm, spans))  # type: ignore[arg-type]
+
+
+def _columns(comm: str, spans: Sequence[Rows]) -> EventColumns:
+    """One communicator's Arrow rows of a slice (message order) as one set of columns."""
     per_block: list[tuple[ColumnBlock, list[tuple[int, int]]]] = []
     for block, s, e in spans:
         if per_block and per_block[-1][0] is block:
@@ -90,7 +101,33 @@ def _observe(det: DetectorLike, comm: str, parts: Sequence[tuple[Record, Part]])
         else:
             per_block.append((block, [(s, e)]))
     cols = [block.columns(comm, ranges) for block, ranges in per_block]
-    return det.observe_columns(cols[0] if len(cols) == 1 else EventColumns.concat(cols))
+    return cols[0] if len(cols) == 1 else EventColumns.concat(cols)
+
+
+def _observe_grouped(
+    items: Sequence[tuple[str, CommDetector, Sequence[tuple[Record, Part]]]],
+) -> dict[str, list[Verdict] | Exception]:
+    """A slice's communicators fed as Arrow columns, judged together
+    (:func:`streams.core.group.observe_many`'s steps: one cut and one fold for all, then
+    each communicator's own update, in order): per communicator its verdicts, or the
+    error its detector raised (the others are judged all the same). An error in the
+    shared cut or fold names no communicator: then nothing was judged and the result is
+    empty, so the caller judges them one by one and a failure is pinned to its messages."""
+    try:
+        cols = [_columns(comm, [p for _, p in parts]) for comm, _, parts in items]  # type: ignore[misc]
+        cuts = cut_many(cols)
+        fold_many([det for _, det, _ in items], cuts)
+    except Exception:
+        log.warning("grouped cut of %d communicators failed; judging them one by one",
+                    len(items), exc_info=True)  # fmt: skip
+        return {}
+    out: dict[str, list[Verdict] | Exception] = {}
+    for (comm, det, _), cut in zip(items, cuts, strict=True):
+        try:
+            out[comm] = det.observe_cut(cut)
+        except Exception as err:  # this communicator's detector: its messages are retried
+            out[comm] = err
+    return out
 
 
 def _events(part: Part) -> list[Event]:
@@ -915,12 +952,18 @@ class CommRouter(StateRunner[str]):
     def _judge(self, lane: Lane, groups: Slice, out: Output) -> None:
         now = self.wall()
         clock = self.clock_us[lane]
+        grouped = self._judge_columns(groups)
         for comm, g in groups.items():
             c = self.comms[comm]
             if g.top > c.judged_us:
                 c.judged_us = g.top
             try:
-                out.concluded(self._uncontested(comm, _observe(c.detector, comm, g.parts)), clock)
+                got = grouped.get(comm)
+                if got is None:  # objects (JSON, mixed) or not grouped: one communicator
+                    got = _observe(c.detector, comm, g.parts)
+                elif isinstance(got, Exception):
+                    raise got
+                out.concluded(self._uncontested(comm, got), clock)
             except Exception as err:
                 if len(g.parts) == 1:
                     self._detector_failed(comm, err, g.parts[0][0], out)
@@ -933,6 +976,18 @@ class CommRouter(StateRunner[str]):
                     except Exception as err1:
                         self._detector_failed(comm, err1, part[0], out)
             self.schedule.touch(comm, g.n, now)
+
+    def _judge_columns(self, groups: Slice) -> dict[str, list[Verdict] | Exception]:
+        """The slice's communicators fed only as Arrow rows, judged together when there
+        are several (:func:`_observe_grouped`); the verdicts are those of judging them one
+        by one and are sent in the slice's order all the same."""
+        items = [
+            (comm, det, g.parts)
+            for comm, g in groups.items()
+            if isinstance(det := self.comms[comm].detector, CommDetector)
+            and all(isinstance(p, tuple) for _, p in g.parts)
+        ]
+        return _observe_grouped(items) if len(items) >= _GROUP_MIN else {}
 
     def _detector_failed(self, comm: str, err: Exception, rec: Record, out: Output) -> None:
         self.stats.detector_errors += 1

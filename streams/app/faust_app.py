@@ -9,6 +9,7 @@ or bound to 127.0.0.1; short session/rebalance timeouts and no recovery delay.
 
 from __future__ import annotations
 
+import gc
 import ssl
 from pathlib import Path
 from typing import Any
@@ -119,4 +120,9 @@ def make_app(config: WorkerConfig, engine: Engine | None = None, metrics: Any = 
         app, config, engine or CoreEngine(config.detect, config.policy), metrics
     )
     app.c4_parts = parts
+    # The start-up objects (modules, Faust's app) live as long as the process: frozen,
+    # the collector no longer walks them; and it runs less often (see the setting).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(config.gc_gen0_threshold, *gc.get_threshold()[1:])
     return app
