@@ -26,6 +26,11 @@ trace: every collective of every rank plus heartbeats; --per-collective override
 Workers = ceil(events/s ÷ (per-worker rate × 0.5 headroom)); partitions = the next
 power of two ≥ 2 × workers, at least 8 (room to add workers without repartitioning).
 
+A last row sends the same trace as one Arrow message per communicator per second (all
+hosts' lines of it together, ~60 events instead of ~7: an exporter batching per
+communicator, or a longer interval), to show what the per-message cost leaves
+(``--no-per-comm`` skips it).
+
 Then the latency of one worker fed Arrow batches (``bench.bench_e2e.latency``: a trace with
 a straggler and a slow NIC replayed at its own pace; p99 event → verdict beyond the
 evidence window, target ≤ 1 s; ``--latency-duration 0`` skips it).
@@ -53,6 +58,7 @@ from bench.bench_e2e import _simulate, latency
 from c4base.kafka import KafkaConfig
 from compose.local_broker import ensure_broker
 from producers.columnar import decode_events, encode_batch
+from producers.events import Event
 from producers.traces import TraceLine, read_trace
 from streams.app.settings import WorkerConfig
 from streams.app.topics_admin import ensure_topics
@@ -102,25 +108,39 @@ def _cpu_s(workers: list[WorkerProcess]) -> float | None:
     return total
 
 
-def _messages(trace: Path, fmt: str) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
-    """(key, value, headers) per trace line, encoded before the clock starts."""
+def _messages(
+    trace: Path, fmt: str, per_comm: bool = False
+) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+    """(key, value, headers) per trace line, encoded before the clock starts; with
+    ``per_comm``, one message per communicator per second of the trace (every host's
+    lines of that communicator and second together: what an exporter batching per
+    communicator, or a longer interval, would send), in order of each one's first line."""
+    lines = [x for x in read_trace(trace) if isinstance(x, TraceLine)]
+    if per_comm:
+        merged: dict[tuple[str, int], list[Event]] = {}
+        for line in lines:
+            ev = line.events[0]
+            merged.setdefault((ev.comm, ev.ts_us // 1_000_000), []).extend(line.events)
+        batches = list(merged.values())
+    elif fmt == "json":  # the trace's own bytes
+        return [(line.events[0].comm.encode(), line.raw, []) for line in lines]
+    else:
+        batches = [list(line.events) for line in lines]
     out = []
-    for line in read_trace(trace):
-        if isinstance(line, TraceLine):
-            if fmt == "json":
-                out.append((line.events[0].comm.encode(), line.raw, []))
-            else:
-                value, headers = encode_batch(line.events, fmt)
-                out.append((line.events[0].comm.encode(), value, headers))
+    for events in batches:
+        value, headers = encode_batch(events, fmt)  # type: ignore[arg-type]
+        out.append((events[0].comm.encode(), value, headers))
     return out
 
 
-def run(bootstrap: str, trace: Path, tmp: Path, fmt: str, n_workers: int) -> dict[str, Any]:
-    prefix = f"so-{fmt}-{n_workers}-{int(time.time())}."
+def run(
+    bootstrap: str, trace: Path, tmp: Path, fmt: str, n_workers: int, per_comm: bool = False
+) -> dict[str, Any]:
+    prefix = f"so-{fmt}-{n_workers}{'-c' if per_comm else ''}-{int(time.time())}."
     cfgs = [_config(bootstrap, prefix, tmp / f"{prefix}w{i}") for i in range(n_workers)]
     ensure_topics(cfgs[0])
     topics = cfgs[0].topics()
-    msgs = _messages(trace, fmt)
+    msgs = _messages(trace, fmt, per_comm)
     total = sum(len(decode_events(v, None)) for _, v, _ in msgs)
     workers = [start_worker_process(c) for c in cfgs]
     try:
@@ -166,6 +186,7 @@ def run(bootstrap: str, trace: Path, tmp: Path, fmt: str, n_workers: int) -> dic
     return {
         "format": fmt,
         "workers": n_workers,
+        "per_comm": per_comm,
         "events": total,
         "messages": len(msgs),
         "sent_s": sent_s,
@@ -206,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--per-collective", type=float, default=None, help="events/s per GPU (default: trace)"
     )
+    ap.add_argument(
+        "--no-per-comm",
+        action="store_true",
+        help="skip the row of one Arrow message per communicator per second",
+    )
     ap.add_argument("--latency-gpus", type=int, default=128)
     ap.add_argument("--latency-duration", type=float, default=45, help="0: skip the latency run")
     args = ap.parse_args(argv)
@@ -218,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         parse = n / parse_s
         for fmt, k in (("json", 1), ("arrow", 1), ("arrow", 2)):
             rows.append(run(bootstrap, trace, tmp, fmt, k))
+        if not args.no_per_comm:  # larger messages: what the per-message cost allows
+            rows.append(run(bootstrap, trace, tmp, "arrow", 1, per_comm=True))
         lat = None
         if args.latency_duration > 0:
             lat_trace = _simulate(tmp, "lat", args.latency_gpus, args.latency_duration, True)
@@ -233,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
           "| events per worker | worker CPU s | events per CPU s | in detection | target "
           "| result |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
-    one_arrow = next(r for r in rows if r["format"] == "arrow" and r["workers"] == 1)
+    one_arrow = next(
+        r for r in rows if r["format"] == "arrow" and r["workers"] == 1 and not r["per_comm"]
+    )
     for r in rows:
         ratio = r["rate"] / parse
         target = result = ""
@@ -262,6 +292,14 @@ def main(argv: list[str] | None = None) -> int:
             f"— target p99 ≤ 1 s: {ok}"
         )
     two = next(r for r in rows if r["format"] == "arrow" and r["workers"] == 2)
+    for r in rows:
+        if r["per_comm"]:
+            print(
+                f"\nOne message per communicator per second "
+                f"({r['events'] / max(1, r['messages']):.0f} events/msg), one worker, Arrow: "
+                f"{r['rate']:,.0f} events/s ({r['rate'] / max(1e-9, one_arrow['rate']):.1f}× "
+                f"the {one_arrow['events'] / max(1, one_arrow['messages']):.0f} events/msg row)"
+            )
     print(f"\n2 workers / 1 worker (Arrow): {two['rate'] / max(1e-9, one_arrow['rate']):.2f}×")
     print(f"\nCapacity at {one_arrow['rate']:,.0f} events/s per worker (Arrow, measured above):")
     print("\n".join(capacity(one_arrow["rate"], per_gpu)))
