@@ -41,6 +41,8 @@ def _extension_in(t: pa.DataType) -> bool:
     """Whether ``t`` is, or holds at any depth, an extension type."""
     if isinstance(t, pa.BaseExtensionType):
         return True
+    if pa.types.is_dictionary(t):
+        return _extension_in(t.value_type)
     return any(_extension_in(t.field(i).type) for i in range(t.num_fields))
 
 
