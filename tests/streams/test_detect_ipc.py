@@ -99,10 +99,10 @@ def test_ipc_with_kafka_origin_gives_the_commands_of_the_trace(
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("flavour", ["file", "stream"])
 def test_plain_ipc_of_events_reads_as_plain_parquet(
-    trace: Path, tmp_path: Path, flavour: str
+    trace: Path, from_json: bytes, tmp_path: Path, flavour: str
 ) -> None:
     """Without origin columns: one message per communicator per second, as plain
-    Parquet of events is cut; both give the same messages and the same commands."""
+    Parquet of events is cut; both give the same messages, and the trace's commands."""
     table = contract_table([e for ln in _lines(trace) for e in ln])
     pq.write_table(table, tmp_path / "plain.parquet")
     f = _write_ipc(table, tmp_path / f"plain.{flavour}", flavour, chunk=777)
@@ -115,6 +115,7 @@ def test_plain_ipc_of_events_reads_as_plain_parquet(
     res = run_detect([f], tmp_path / "ipc.jsonl")
     assert res.commands, "the faults are found"
     assert (tmp_path / "ipc.jsonl").read_bytes() == (tmp_path / "pq.jsonl").read_bytes()
+    assert (tmp_path / "ipc.jsonl").read_bytes() == from_json
     # in blocks (as detect reads it) and message by message: the same rows
     blocks = [b for b in open_sources([f], blocks=True)]
     assert all(b.block is not None for b in blocks)
