@@ -23,6 +23,9 @@ the same rules as a Kafka message; a file that breaks them is reported as
 * a Parquet file of events without those columns is cut into one message per
   communicator per second of ``ts_us``, as replay groups converted input.
 
+An Arrow IPC file or stream file of events (:mod:`producers.formats.arrow_ipc`) is
+read by the same functions: only the step that reads the file's columns differs.
+
 The ``job`` of the rows is the hive directory ``job=<job>`` above the file (URI-decoded,
 as the archiver wrote it); without one, the ``job`` given by the caller.
 
