@@ -17,8 +17,9 @@ this process, ``time.process_time``):
   communicator; decode Arrow → event objects, one message at a time and a consumer
   batch at a time (as the worker does); read the Parquet archive → messages, and →
   blocks of messages (what ``detect`` reads);
-* ``detect`` over the JSON trace and over the archive (``streams.detect.run_detect``:
-  decode + the detection core + the correlator).
+* ``detect`` over the JSON trace, over the archive and over the archive's rows as one
+  Arrow IPC file (``streams.detect.run_detect``: decode + the detection core + the
+  correlator).
 
 Targets (issue 15): ``detect`` on JSON ≥ 0.8× parse; ``detect`` on Arrow/Parquet ≥ 3×
 parse and ≥ 1M events/s per core. A missed target is printed as MISSED.
@@ -40,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from producers.columnar import (
     decode_arrow,
@@ -116,6 +119,17 @@ def _archive(trace: Path, root: Path) -> Path:
     return root / "events"
 
 
+def _ipc_file(parquet_files: list[Path], events_dir: Path, out: Path) -> Path:
+    """The archive's rows (Kafka origin columns included) as one Arrow IPC file in the
+    archive's ``job=`` directory layout (the job comes from the path, as for Parquet)."""
+    table = pa.concat_tables(pq.ParquetFile(f).read() for f in parquet_files)
+    path = out / parquet_files[0].parent.parent.relative_to(events_dir) / "events.arrow"
+    path.parent.mkdir(parents=True)
+    with pa.ipc.new_file(str(path), table.schema) as w:
+        w.write_table(table, max_chunksize=65_536)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -131,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         arrow_msgs = [encode_arrow(decode_message(r)) for r in raw_lines]
         events_dir = _archive(trace, tmp / "archive")
         parquet_files = sorted(events_dir.rglob("*.parquet"))
+        ipc_file = _ipc_file(parquet_files, events_dir, tmp / "ipc")
 
         rows: list[tuple[str, int, float, str]] = []
         n, base_s = json_parse_rate(trace)
@@ -210,8 +225,14 @@ def main(argv: list[str] | None = None) -> int:
             return run_detect([events_dir], tmp / "c2.jsonl").n_events
 
         rows.append(("detect, JSON lines", *_cpu(det_json), "≥ 0.8× parse"))
+
+        def det_ipc() -> int:
+            return run_detect([ipc_file], tmp / "c3.jsonl").n_events
+
         rows.append(("detect, Parquet archive", *_cpu(det_parquet), "≥ 3× parse, ≥ 1M/s"))
+        rows.append(("detect, Arrow IPC file", *_cpu(det_ipc), "≥ 3× parse, ≥ 1M/s"))
         same = (tmp / "c1.jsonl").read_bytes() == (tmp / "c2.jsonl").read_bytes()
+        same_ipc = (tmp / "c1.jsonl").read_bytes() == (tmp / "c3.jsonl").read_bytes()
     load1 = load()
 
     print(
@@ -234,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"| {name} | {k:,} | {s:.2f} | {rate:,.0f} | {ratio:.2f} | {target} | {verdict} |")
     print(f"\ncommands from JSON and from the archive byte-identical: {same}")
+    print(f"commands from JSON and from the Arrow IPC file byte-identical: {same_ipc}")
     return 0
 
 

@@ -11,6 +11,8 @@
 * the Parquet archive of ``c4.events`` (``c4stream archive``): its ``events`` directory,
   an hour of it, or files — cut back into the archived messages
   (:mod:`producers.formats.parquet_archive`);
+* an Arrow IPC file or stream file of events (the wire's columns,
+  :mod:`producers.formats.arrow_ipc`), read exactly as a Parquet file of events;
 * a directory mixing these: every regular, non-hidden file in it is sniffed on its own.
 
 Each file is recognised by its first bytes, not its name (``sniff``). Everything comes
@@ -56,6 +58,7 @@ import numpy as np
 
 from producers.columnar import EventColumns, LazyEvents
 from producers.events import Event
+from producers.formats.arrow_ipc import looks_like_arrow_ipc
 from producers.formats.flight_recorder import (
     FlightRecorderError,
     looks_like_flight_recorder,
@@ -85,7 +88,9 @@ __all__ = [
     "sniff",
 ]
 
-Kind = Literal["trace", "inspector", "flight_recorder", "parquet"]
+Kind = Literal["trace", "inspector", "flight_recorder", "parquet", "arrow_ipc"]
+_COLUMNAR = ("parquet", "arrow_ipc")
+"""Kinds read as tables of events (:func:`read_parquet_columns` reads both)."""
 OnBad = Callable[[BadLine], None]
 _SNIFF_BYTES = 1 << 16
 
@@ -131,7 +136,7 @@ class SourceBatch:
 def _head(path: Path) -> bytes:
     with open(path, "rb") as fh:
         head = fh.read(_SNIFF_BYTES)
-    if looks_like_parquet(head):
+    if looks_like_parquet(head) or looks_like_arrow_ipc(head):
         return head
     if head[:2] == b"\x1f\x8b":
         try:
@@ -145,7 +150,8 @@ def _head(path: Path) -> bytes:
 def sniff(path: str | Path) -> Kind:
     """What a file holds, judged from its first 64 KiB (gzip looked into).
 
-    ``PAR1`` is a Parquet file (the events archive); a first line that is a JSON object
+    ``PAR1`` is a Parquet file (the events archive); ``ARROW1`` or ``ff ff ff ff`` an
+    Arrow IPC file or stream of events; a first line that is a JSON object
     with ``header`` and ``metadata`` is Inspector; a pickle or a JSON object with Flight
     Recorder keys is a Flight Recorder dump;
     anything else is read as a contract trace (whose reader reports lines it cannot
@@ -154,6 +160,8 @@ def sniff(path: str | Path) -> Kind:
     head = _head(Path(path))
     if looks_like_parquet(head):
         return "parquet"
+    if looks_like_arrow_ipc(head):
+        return "arrow_ipc"
     if looks_like_flight_recorder(head):
         return "flight_recorder"
     first = head.lstrip().split(b"\n", 1)[0].strip()
@@ -196,7 +204,7 @@ def _read_file(
 ) -> Iterator[SourceBatch]:
     """``alone``: the only file of its stream (blocks need no cut by second)."""
     name = str(path)
-    if kind == "parquet" and blocks:
+    if kind in _COLUMNAR and blocks:
         got = read_parquet_blocks(path, job=job, on_bad=on_bad, seen=seen, by_second=not alone)
         for row, block in got:
             rows = LazyEvents(block.table, np.arange(block.n))
@@ -207,7 +215,7 @@ def _read_file(
                 yield SourceBatch(f"{name}:{item.lineno}", item.events, item.raw)
             elif on_bad is not None:
                 on_bad(item)
-    elif kind == "parquet":
+    elif kind in _COLUMNAR:
         # one batch per archived message, in event time (tables → objects per message)
         for row, batch, cols in read_parquet_columns(path, job=job, on_bad=on_bad, seen=seen):
             rows = LazyEvents(batch, np.arange(batch.num_rows))
@@ -315,16 +323,16 @@ def open_sources(
     blocks = (
         blocks
         and len({f.parent for _, f, _, _ in found}) == 1
-        and all(kind == "parquet" for _, _, kind, _ in found)
+        and all(kind in _COLUMNAR for _, _, kind, _ in found)
     )
-    archive: dict[Path, list[Iterator[SourceBatch]]] = {}  # Parquet files by directory
+    archive: dict[Path, list[Iterator[SourceBatch]]] = {}  # Parquet/IPC files by directory
     seen: dict[Path, SeenMessages] = {}  # per directory: archived messages read once
     dumps: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
     alone = len(found) == 1
     for p, f, kind, the_job in found:
         if kind == "flight_recorder":
             dumps.setdefault((p, the_job), []).append(f)
-        elif kind == "parquet":
+        elif kind in _COLUMNAR:
             dedupe = seen.setdefault(f.parent, SeenMessages())
             archive.setdefault(f.parent, []).append(
                 _read_file(f, kind, the_job, on_bad, dedupe, blocks, alone)

@@ -83,7 +83,7 @@ def detect(
         typer.Argument(
             help="Traces (JSON lines, plain or .gz), Inspector dirs, Flight Recorder dumps "
             "(a directory per snapshot: every rank's dump of one moment), the Parquet "
-            "archive of c4.events."
+            "archive of c4.events, Arrow IPC files or stream files of events."
         ),
     ],
     out: Annotated[

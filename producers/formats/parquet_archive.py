@@ -23,6 +23,9 @@ the same rules as a Kafka message; a file that breaks them is reported as
 * a Parquet file of events without those columns is cut into one message per
   communicator per second of ``ts_us``, as replay groups converted input.
 
+An Arrow IPC file or stream file of events (:mod:`producers.formats.arrow_ipc`) is
+read by the same functions: only the step that reads the file's columns differs.
+
 The ``job`` of the rows is the hive directory ``job=<job>`` above the file (URI-decoded,
 as the archiver wrote it); without one, the ``job`` given by the caller.
 
@@ -56,6 +59,7 @@ from producers.columnar import (
     validate_table,
 )
 from producers.events import Event, EventDecodeError
+from producers.formats.arrow_ipc import looks_like_arrow_ipc, read_ipc_table
 from producers.traces import BadLine
 
 __all__ = [
@@ -73,6 +77,7 @@ __all__ = [
 _MAGIC = b"PAR1"
 _ORIGIN = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_index")
 _GROUP_US = 1_000_000
+_WANTED = (*EVENT_SCHEMA.names, *_ORIGIN)
 
 
 def looks_like_parquet(head: bytes) -> bool:
@@ -159,28 +164,39 @@ def _message_order(table: pa.Table, seen: SeenMessages | None) -> tuple[np.ndarr
     return rows, new_starts
 
 
+def _read_parquet(path: Path) -> pa.Table:
+    """The contract and Kafka origin columns of a Parquet file."""
+    pf = pq.ParquetFile(path)
+    present = set(pf.schema_arrow.names)
+    wanted = [f for f in _WANTED if f in present]
+    # one thread: detect is CPU-bound in one process, and threads cost more CPU in all
+    return pf.read(columns=wanted, use_threads=False)
+
+
 def _read_ordered(
     path: Path, job: str, on_bad: Callable[[BadLine], None] | None, seen: SeenMessages | None
 ) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray] | None:
     """The file's validated rows in message order, each message's first row number in
-    the file, and where each message starts; ``None`` when the file is bad or empty."""
+    the file, and where each message starts; ``None`` when the file is bad or empty.
+    The file is Parquet or Arrow IPC (file or stream), told by its first bytes."""
     name = str(path)
 
     def bad(reason: str) -> None:
         if on_bad is not None:
             on_bad(BadLine(name, 0, b"", reason))
 
+    what = "events"
     try:
-        pf = pq.ParquetFile(path)
-        present = set(pf.schema_arrow.names)
-        wanted = [f for f in (*EVENT_SCHEMA.names, *_ORIGIN) if f in present]
-        # one thread: detect is CPU-bound in one process, and threads cost more CPU in all
-        table = pf.read(columns=wanted, use_threads=False)
+        with open(path, "rb") as fh:
+            ipc = looks_like_arrow_ipc(fh.read(8))
+        what = "Arrow IPC" if ipc else "Parquet"
+        table = read_ipc_table(path, _WANTED) if ipc else _read_parquet(path)
     except (pa.ArrowException, OSError, ValueError) as err:
-        bad(f"unreadable Parquet file: {err}")
+        bad(f"unreadable {what} file: {err}")
         return None
+    present = set(table.column_names)
     if "kind" not in present or "comm" not in present:
-        bad("Parquet file is not an events archive (no `kind`/`comm` columns)")
+        bad(f"{what} file is not an events archive (no `kind`/`comm` columns)")
         return None
     if "job" not in present:
         the_job = job_from_path(path) or job
@@ -190,7 +206,7 @@ def _read_ordered(
     try:
         checked = validate_table(table)
     except EventDecodeError as err:
-        bad(f"Parquet events break the contract: {err}")
+        bad(f"{what} events break the contract: {err}")
         return None
     keyed = pa.Table.from_batches([checked])
     for c in _ORIGIN:
