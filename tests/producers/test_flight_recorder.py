@@ -6,6 +6,7 @@ import os
 import pickle
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,9 +91,19 @@ def test_copied_file_mtime_is_not_trusted(tmp_path: Path) -> None:
     assert all(p.ts_us < T0_US + 6_000_000 for p in progress)
 
 
+class _Evil:
+    """Unpickled, it would run ``touch <marker>``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
 @pytest.mark.timeout(10)
 def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
-    marker = DATA.parent / "PWNED"
+    marker = Path.cwd() / "c4stream-PWNED"  # where the fixture's command would touch
     marker.unlink(missing_ok=True)
     path = DATA / "malicious" / "nccl_trace_rank_0"
     with pytest.raises(FlightRecorderError, match="refused to unpickle posix.system"):
@@ -101,6 +112,12 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
     assert read_flight_recorder(path, job="j", on_bad=bad.append) == []
     assert len(bad) == 1 and bad[0].lineno == 0 and "refused" in bad[0].reason
     assert not marker.exists()
+    # The same payload made here, its marker in tmp_path (independent of the checkout).
+    fresh, made = tmp_path / "nccl_trace_rank_0", tmp_path / "PWNED"
+    fresh.write_bytes(pickle.dumps({"version": "2.4", "entries": [_Evil(made)]}, protocol=2))
+    with pytest.raises(FlightRecorderError, match="refused to unpickle posix.system"):
+        load_flight_recorder_dump(fresh)
+    assert not made.exists()
     # Any class, not only os.system, is refused.
     evil = tmp_path / "nccl_trace_rank_1"
     evil.write_bytes(pickle.dumps({"entries": [Path("/")]}, protocol=2))
