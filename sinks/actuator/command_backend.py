@@ -23,6 +23,13 @@ command at once; anything else, and a timeout, is retried, then dead-lettered wi
 exit status and the tail of stderr. For Slurm, prefer ``backend = "slurm"``: it also
 keeps an administrator's drain (this backend runs the template blindly).
 
+Every run gets ``C4STREAM_COMMAND_ID`` (the command id, also the ``{id}`` placeholder)
+in its environment, so a script can deduplicate; and ``C4STREAM_RECOVERY=1`` when it
+runs again after an actuator died between running it and recording it. Such a re-run
+happens only with ``idempotent = true`` (the operator says the script deduplicates by
+that id); else the command is not run again and its outcome is ``unknown``
+(:mod:`sinks.actuator.recovery`).
+
 ``restart_job`` without ``restart_template`` is skipped with the reason (not recorded
 as done, so a template added later still acts when the command is delivered again).
 
@@ -37,6 +44,7 @@ as done, so a template added later still acts when the command is delivered agai
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import shutil
 import string
@@ -48,9 +56,15 @@ from sinks.actuator.backends import (
 )
 from sinks.actuator.config import CommandSettings
 from sinks.actuator.process import SLURM_FATAL, SLURM_PERMANENT, classify, run_argv, tail
+from sinks.actuator.recovery import Found
 from streams.commands import IsolationCommand
 
-__all__ = ["FIELDS", "CommandBackend", "CommandTemplate"]
+__all__ = ["ENV_ID", "ENV_RECOVERY", "FIELDS", "CommandBackend", "CommandTemplate"]
+
+#: Environment of every run: the command id (to deduplicate), and "1" on a re-run after
+#: an unfinished attempt.
+ENV_ID = "C4STREAM_COMMAND_ID"
+ENV_RECOVERY = "C4STREAM_RECOVERY"
 
 log = logging.getLogger("c4stream.actuator.command")
 
@@ -132,6 +146,8 @@ class CommandBackend:
         if settings.timeout_s <= 0:
             raise ActuatorConfigError("--command-timeout must be positive")
         self.settings = settings
+        self._recovering: set[str] = set()
+        """Command ids whose next run follows an unfinished attempt."""
         self.isolate = CommandTemplate(settings.template)
         self.restart = (
             CommandTemplate(settings.restart_template) if settings.restart_template else None
@@ -158,7 +174,10 @@ class CommandBackend:
         t = self._template(cmd)
         if t is None:
             return ActionOutcome(changed=False, detail=_NO_RESTART, skipped=True)
-        ran = run_argv(t.render(cmd), timeout_s=self.settings.timeout_s)
+        recovery = cmd.id in self._recovering
+        self._recovering.discard(cmd.id)
+        env = {**os.environ, ENV_ID: cmd.id, ENV_RECOVERY: "1" if recovery else "0"}
+        ran = run_argv(t.render(cmd), timeout_s=self.settings.timeout_s, env=env)
         if not ran.ok:
             raise classify(
                 ran,
@@ -169,6 +188,24 @@ class CommandBackend:
             )
         log.info("ran %s: exit 0 %s", ran.shown, tail(ran.stdout))
         return ActionOutcome(changed=True, detail=f"ran {ran.shown}: exit 0")
+
+    def already_applied(self, cmd: IsolationCommand) -> Found:
+        """A template is opaque: only the operator can say a re-run is safe."""
+        if self._template(cmd) is None:
+            return Found("not_applied", _NO_RESTART)
+        if self.settings.idempotent:
+            self._recovering.add(cmd.id)
+            return Found(
+                "not_applied",
+                f"[actuator.command] idempotent = true: run again with {ENV_ID}={cmd.id} "
+                f"and {ENV_RECOVERY}=1",
+            )
+        return Found(
+            "unknown",
+            "the command may have run before the actuator stopped; not run again "
+            "([actuator.command] idempotent = false): check the host, and to let it act "
+            "again set its ledger row to 'failed'",
+        )
 
     def check(self) -> list[str]:
         """The programs are installed; nothing is run (a template may have side effects)."""

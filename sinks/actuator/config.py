@@ -79,6 +79,10 @@ class CommandSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     configuration). None: scontrol's (``sinks.actuator.process.SLURM_FATAL``)."""
     permanent_patterns: tuple[str, ...] | None = None
     """stderr matching one fails this command at once (no such node). None: scontrol's."""
+    idempotent: bool = False
+    """The template deduplicates by ``C4STREAM_COMMAND_ID`` (or ``{id}``): after a crash
+    between running it and recording it, run it again with the same id. False: such a
+    command is not run again and ends ``unknown`` (sinks.actuator.recovery)."""
 
 
 class SlurmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

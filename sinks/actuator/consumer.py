@@ -4,13 +4,16 @@ Per message on ``c4.isolations``, strictly in this order:
 
 1. decode with :func:`streams.commands.decode_command`; an invalid message goes to
    ``c4.deadletter`` with the reason (delivery confirmed before going on);
-2. decide (:func:`sinks.actuator.policy.decide`) and act through the backend, with
-   bounded retries for transient failures (then dead-lettered);
+2. decide (:func:`sinks.actuator.policy.decide`); to act, first write ``in_progress``
+   to the ledger (durable), then act through the backend, with bounded retries for
+   transient failures (then dead-lettered);
 3. record the outcome in the ledger (durable);
 4. commit the message's offset (synchronously).
 
-So a crash anywhere before 3 repeats the action on redelivery (backends' actions are
-safe repeats), and a crash after 3 never acts again. The isolations topic has one
+So a crash before 2's ledger write acts on redelivery as the first time; a crash
+between it and 3 leaves ``in_progress``, and the redelivered command asks the target
+whether the action is already there (:mod:`sinks.actuator.recovery`) instead of
+repeating it; a crash after 3 never acts again. The isolations topic has one
 partition: commands are handled one at a time, in the order they were decided.
 
 :class:`Actuator` holds steps 2–3 and knows nothing of Kafka (tests call it directly);
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,9 +60,10 @@ from sinks.actuator.backends import (
     TransientActionError,
 )
 from sinks.actuator.config import ActuatorConfig
-from sinks.actuator.ledger import Ledger, Status
+from sinks.actuator.ledger import FINAL, Ledger, Status
 from sinks.actuator.outcomes import ActionReport, OutcomePublisher, new_report, outcome_of
 from sinks.actuator.policy import Decision, decide, fault_key
+from sinks.actuator.recovery import already_applied
 from sinks.actuator.restart import RestartHook
 from streams.commands import CommandDecodeError, IsolationCommand, decode_command
 
@@ -75,6 +81,15 @@ __all__ = [
 log = logging.getLogger("c4stream.actuator")
 
 STAGE = "actuator"
+
+#: TEST HOOK, off unless set: "1" makes the actuator SIGKILL itself right after a
+#: backend acted on a command's first attempt and before the ledger records it (the
+#: crash window of sinks.actuator.recovery). Only the chaos and sink tests set it.
+TEST_KILL_ENV = "C4STREAM_TEST_KILL_BEFORE_RECORD"
+
+#: Detail prefix of an ``in_progress`` row whose action is done and whose job restart
+#: was interrupted (a stop during its back-off): delivered again, it only restarts.
+_ACTED = "acted; job restart pending: "
 
 
 def _outcome(h: Handled) -> str:
@@ -156,6 +171,19 @@ class Actuator:
         self.stop = stop or threading.Event()
         self.restart = restart
         """Restarts the job after an isolation (sinks.actuator.restart); None: never."""
+        self._applied = False
+        """The backend's apply returned during the command at hand (for the test hook)."""
+        self._kill_before_record = os.environ.get(TEST_KILL_ENV) == "1"
+        if self._kill_before_record:
+            log.warning("TEST HOOK %s=1: SIGKILL after acting, before recording", TEST_KILL_ENV)
+        for e in ledger.unfinished():
+            log.warning(
+                "UNFINISHED %s (host %s, %s): the actuator stopped while acting; the target "
+                "is checked when the command is delivered again",
+                e.id,
+                e.host,
+                e.action,
+            )
 
     def handle(self, cmd: IsolationCommand) -> Handled:
         """Carry out ``cmd`` if the rules allow; the ledger row is written on return.
@@ -168,17 +196,24 @@ class Actuator:
             cmd = msgspec.structs.replace(cmd, host=node)
         key = fault_key(cmd)
         now_us = time.time_ns() // 1000
+        entry = self.ledger.get(cmd.id)
+        prior = entry.status if entry is not None else None
         decision, why = decide(
             cmd,
             self.cfg,
-            already_done=self.ledger.is_done(cmd.id),
+            already_done=prior in FINAL,
             same_fault_done=self.ledger.fault_done(
                 key, now_us - int(self.cfg.fault_window_s * 1e6)
             ),
             job_actions=self.ledger.acted_for_job(cmd.job, now_us - 3_600_000_000),
         )
         tag = f"{cmd.id} (host {cmd.host}, {cmd.action}, {cmd.fault})"
-        if decision == "duplicate" and self.ledger.is_done(cmd.id):
+        self._applied = False
+        if decision == "duplicate" and prior == "unknown":
+            why = f"command {cmd.id} may have acted before a crash (ledger: unknown); not run again"
+            log.warning("SKIP %s: %s", tag, why)
+            h = Handled(decision, "unknown", why)
+        elif decision == "duplicate" and prior == "done":
             log.info("SKIP %s: %s", tag, why)
             h = Handled(decision, "done", why)
         elif decision in ("alert_only", "denied", "duplicate", "capped"):
@@ -192,13 +227,25 @@ class Actuator:
             log.warning("DRY-RUN %s (%s): would %s", tag, why, plan)
             h = Handled(decision, "dry_run", f"{why}; would {plan}")
         else:
-            h = self._act(cmd, tag)
+            h = self._begin_and_act(cmd, tag, key, unfinished=prior == "in_progress")
         if self.restart is not None and h.status in ("done", "dry_run"):
             # Before the isolation's ledger row: a crash in between repeats the (safe)
             # isolation, and the restart log keeps the restart from happening twice.
-            r = self.restart.after(cmd, h.decision)
+            try:
+                r = self.restart.after(cmd, h.decision)
+            except BaseException:
+                if h.decision == "act" and h.status == "done":
+                    # Acted, the restart not finished: say so, so the redelivery
+                    # restarts without acting (or asking the target) again.
+                    self.ledger.begin(
+                        cmd.id, host=cmd.host, action=cmd.action,
+                        detail=f"{_ACTED}{h.detail}", job=cmd.job, fault_key=key,
+                    )  # fmt: skip
+                raise
             if r is not None:  # the ledger row and the c4.actions record say it too
                 h = dataclasses.replace(h, detail=f"{h.detail}; job restart {r.status}: {r.detail}")
+        if self._applied and self._kill_before_record and prior != "in_progress":
+            os.kill(os.getpid(), signal.SIGKILL)  # the test hook (TEST_KILL_ENV)
         self.ledger.record(
             cmd.id,
             status=h.status,
@@ -210,6 +257,59 @@ class Actuator:
         )
         return dataclasses.replace(h, node=node)
 
+    def _begin_and_act(
+        self, cmd: IsolationCommand, tag: str, key: str, *, unfinished: bool
+    ) -> Handled:
+        """Mark ``in_progress`` durably, then act — or, when an earlier attempt was left
+        unfinished by a crash, ask the target first (sinks.actuator.recovery)."""
+        entry = self.ledger.get(cmd.id) if unfinished else None
+        if entry is not None and entry.detail.startswith(_ACTED):
+            log.info("DONE %s before the stop; the job restart follows", tag)
+            return Handled("act", "done", entry.detail.removeprefix(_ACTED))
+        self.ledger.begin(
+            cmd.id,
+            host=cmd.host,
+            action=cmd.action,
+            detail="acting" if not unfinished else "checking the target after a crash",
+            job=cmd.job,
+            fault_key=key,
+        )
+        if unfinished:
+            try:
+                found = already_applied(self.backend, cmd)
+            except (ActuatorConfigError, TransientActionError):
+                raise  # stop, or the runner retries the command: it stays in_progress
+            except PermanentActionError as err:  # no such node: it cannot have acted
+                log.error("FAILED %s: %s (dead-lettered)", tag, err)
+                return Handled("act", "failed", str(err), deadletter_reason=str(err))
+            except Exception as err:  # a surprise: retried by the runner, never guessed
+                raise TransientActionError(f"checking {tag} after a crash: {err}") from err
+            if found.state == "applied":
+                log.warning(
+                    "RECOVERED %s: already applied before the restart: %s", tag, found.detail
+                )
+                return Handled(
+                    "act", "done", f"found already applied after a crash: {found.detail}"
+                )
+            if found.state == "unknown":
+                log.error("UNKNOWN %s: %s", tag, found.detail)
+                return Handled("act", "unknown", found.detail)
+            log.warning("RESUME %s after a crash: %s", tag, found.detail)
+        try:
+            return self._act(cmd, tag)
+        except (ActuatorConfigError, Interrupted) as err:
+            # It finished (it did not act, or it failed and may be retried): not unfinished.
+            self.ledger.record(
+                cmd.id,
+                status="failed",
+                host=cmd.host,
+                action=cmd.action,
+                detail=str(err),
+                job=cmd.job,
+                fault_key=key,
+            )
+            raise
+
     def _act(self, cmd: IsolationCommand, tag: str) -> Handled:
         attempts = max(1, self.cfg.attempts)
         for attempt in range(1, attempts + 1):
@@ -217,6 +317,7 @@ class Actuator:
                 if attempt == 1:
                     log.info("ACT %s: %s", tag, self.backend.describe(cmd))
                 outcome = self.backend.apply(cmd)
+                self._applied = True
             except ActuatorConfigError:
                 raise
             except PermanentActionError as err:

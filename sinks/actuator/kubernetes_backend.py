@@ -55,6 +55,7 @@ from sinks.actuator.backends import (
     TransientActionError,
 )
 from sinks.actuator.config import KubernetesSettings
+from sinks.actuator.recovery import Found, node_isolated
 from streams.commands import IsolationCommand
 
 if TYPE_CHECKING:
@@ -467,6 +468,19 @@ class KubernetesBackend:
         if status in (400, 422):
             return PermanentActionError(f"{text}. The API server rejected the change")
         return TransientActionError(text)  # 409 on status/event, 429, 5xx
+
+    def already_applied(self, cmd: IsolationCommand) -> Found:
+        """After a crash while acting (sinks.actuator.recovery): is the node already
+        cordoned and tainted as ``cmd`` asks? One GET, no write."""
+        if self._core is None:
+            return Found("unknown", "the Kubernetes backend has no API client")
+        cordon, effect = self._effects(cmd)
+        node = self._read(cmd.host)
+        if cordon and node_isolated(
+            node, taint_key=self.s.taint_key, fault=cmd.fault, cordon=cordon, effect=effect
+        ):
+            return Found("applied", f"node {cmd.host} is cordoned with {self.s.taint_key}")
+        return Found("not_applied", f"node {cmd.host} is not yet cordoned and tainted")
 
 
 def _api_message(err: Exception) -> str:

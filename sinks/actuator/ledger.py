@@ -1,17 +1,22 @@
 """The actuator's durable idempotency store: which command ids have acted.
 
 One SQLite file (WAL journal, ``synchronous=FULL``: a recorded row survives a crash
-or power loss). The consumer writes a row *after* the action and *before* it commits
-the Kafka offset, so:
+or power loss). The consumer writes an ``in_progress`` row *before* it acts
+(:meth:`Ledger.begin`), the outcome *after* the action and *before* it commits the
+Kafka offset, so:
 
-- crash after the ledger write: the command is delivered again, the ledger says
-  ``done``, nothing acts twice;
-- crash between the action and the ledger write: the command acts again; every
-  backend's action is a safe repeat (see :mod:`sinks.actuator.backends`).
+- crash after the outcome: the command is delivered again, the ledger says ``done``,
+  nothing acts twice;
+- crash between ``begin`` and the outcome (the action may or may not have run): the
+  command is delivered again and finds its row ``in_progress``; the actuator asks the
+  target whether the action is already there (see :mod:`sinks.actuator.recovery`)
+  instead of repeating it blindly, and records ``done`` or ``unknown``.
 
-Only ``done`` blocks a later delivery. ``dry_run``, ``skipped`` and ``failed`` rows
-are an audit trail: a command first seen in dry-run mode acts when it is delivered
-again to an actuator running with ``--execute``; a failed one is tried again.
+``done`` and ``unknown`` are final: they block every later delivery (``unknown``: the
+action may have run; a person checks the host and, to let the command act again,
+sets the row to ``failed``). ``dry_run``, ``skipped`` and ``failed`` rows are an audit
+trail: a command first seen in dry-run mode acts when it is delivered again to an
+actuator running with ``--execute``; a failed one is tried again.
 
 >>> import tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "ledger.sqlite3")
@@ -36,9 +41,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
-__all__ = ["Ledger", "LedgerEntry", "LedgerError", "Status"]
+__all__ = ["FINAL", "Ledger", "LedgerEntry", "LedgerError", "Status"]
 
-Status = Literal["done", "dry_run", "skipped", "failed"]
+Status = Literal["done", "dry_run", "skipped", "failed", "in_progress", "unknown"]
+
+#: Statuses a later delivery never overwrites: the command acted, or may have.
+FINAL = ("done", "unknown")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (
@@ -57,14 +65,26 @@ CREATE INDEX IF NOT EXISTS actions_updated ON actions (updated_us);
 # Added later: a ledger written by an older actuator gains them when opened.
 _COLUMNS = {"job": "TEXT NOT NULL DEFAULT ''", "fault_key": "TEXT NOT NULL DEFAULT ''"}
 
-# A ``done`` row is final: later deliveries only count themselves.
+# A final row (``done``, ``unknown``) stays: later deliveries only count themselves.
 _UPSERT = """
 INSERT INTO actions (id, status, host, action, detail, first_us, updated_us, job, fault_key)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
+    deliveries = deliveries + CASE WHEN status = 'in_progress' THEN 0 ELSE 1 END,
+    status     = CASE WHEN status IN ('done', 'unknown') THEN status ELSE excluded.status END,
+    detail     = CASE WHEN status IN ('done', 'unknown') THEN detail ELSE excluded.detail END,
+    updated_us = excluded.updated_us
+"""
+
+# The mark written before acting (it counts the delivery; the outcome written over it
+# then does not); it never lowers a final row.
+_BEGIN = """
+INSERT INTO actions (id, status, host, action, detail, first_us, updated_us, job, fault_key)
+VALUES (?, 'in_progress', ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET
     deliveries = deliveries + 1,
-    status     = CASE WHEN status = 'done' THEN status ELSE excluded.status END,
-    detail     = CASE WHEN status = 'done' THEN detail ELSE excluded.detail END,
+    status     = CASE WHEN status IN ('done', 'unknown') THEN status ELSE 'in_progress' END,
+    detail     = CASE WHEN status IN ('done', 'unknown') THEN detail ELSE excluded.detail END,
     updated_us = excluded.updated_us
 """
 
@@ -139,11 +159,38 @@ class Ledger:
         except sqlite3.Error as err:
             raise LedgerError(f"cannot write the actuator ledger {self.path}: {err}") from err
 
+    def begin(
+        self,
+        cmd_id: str,
+        *,
+        host: str,
+        action: str,
+        detail: str,
+        job: str = "",
+        fault_key: str = "",
+    ) -> None:
+        """Write (durably, before returning) that ``cmd_id`` is about to act: a crash
+        before :meth:`record` leaves the row ``in_progress`` for the restart to resolve."""
+        now = time.time_ns() // 1000
+        row = (cmd_id, host, action, detail, now, now, job, fault_key)
+        try:
+            self._db.execute(_BEGIN, row)
+        except sqlite3.Error as err:
+            raise LedgerError(f"cannot write the actuator ledger {self.path}: {err}") from err
+
+    def unfinished(self) -> list[LedgerEntry]:
+        """Rows left ``in_progress`` by an actuator that stopped while acting."""
+        rows = self._db.execute(
+            f"SELECT {_FIELDS} FROM actions WHERE status = 'in_progress' ORDER BY first_us"
+        ).fetchall()
+        return [LedgerEntry(*r) for r in rows]
+
     def fault_done(self, fault_key: str, since_us: int) -> str | None:
-        """The id of a command for the same fault that acted since ``since_us``, or None."""
+        """The id of a command for the same fault that acted (or may have: ``unknown``)
+        since ``since_us``, or None."""
         row = self._db.execute(
             "SELECT id FROM actions WHERE fault_key = ? AND fault_key != '' "
-            "AND status = 'done' AND first_us >= ? LIMIT 1",
+            "AND status IN ('done', 'unknown') AND first_us >= ? LIMIT 1",
             (fault_key, since_us),
         ).fetchone()
         return row[0] if row else None
@@ -151,7 +198,8 @@ class Ledger:
     def acted_for_job(self, job: str, since_us: int) -> int:
         """How many commands of ``job`` acted since ``since_us`` (the actuator's cap)."""
         row = self._db.execute(
-            "SELECT COUNT(*) FROM actions WHERE job = ? AND status = 'done' AND first_us >= ?",
+            "SELECT COUNT(*) FROM actions WHERE job = ? AND status IN ('done', 'unknown') "
+            "AND first_us >= ?",
             (job, since_us),
         ).fetchone()
         return int(row[0])

@@ -38,7 +38,15 @@ __all__ = [
 log = logging.getLogger("c4stream.actuator.outcomes")
 
 Outcome = Literal[
-    "acted", "dry_run", "skipped", "denied", "alert_only", "duplicate", "capped", "failed"
+    "acted",
+    "dry_run",
+    "skipped",
+    "denied",
+    "alert_only",
+    "duplicate",
+    "capped",
+    "failed",
+    "unknown",
 ]
 
 
@@ -49,9 +57,11 @@ def outcome_of(decision: str, status: str) -> Outcome:
     ('acted', 'skipped', 'failed')
     >>> outcome_of("dry_run", "dry_run"), outcome_of("denied", "skipped")
     ('dry_run', 'denied')
+    >>> outcome_of("act", "unknown")  # stopped while acting; the target cannot tell
+    'unknown'
     """
-    if status == "failed":
-        return "failed"
+    if status in ("failed", "unknown"):
+        return status  # type: ignore[return-value]
     if decision == "act":
         return "skipped" if status == "skipped" else "acted"
     return decision  # type: ignore[return-value]
@@ -79,7 +89,8 @@ class ActionReport(msgspec.Struct, kw_only=True):
     decision: str
     """The policy's decision: act, dry_run, denied, alert_only, duplicate, capped."""
     status: str
-    """The ledger's status: done, dry_run, skipped, failed."""
+    """The ledger's status: done, dry_run, skipped, failed, unknown (the actuator stopped
+    while acting and the target cannot tell whether the action ran; not run again)."""
     detail: str
     dry_run: bool
     """True when nothing was acted on because of a dry-run switch (either one)."""

@@ -44,6 +44,7 @@ import shutil
 from sinks.actuator.backends import ActionOutcome, ActuatorConfigError, PermanentActionError
 from sinks.actuator.config import SlurmSettings
 from sinks.actuator.process import Ran, classify, run_argv
+from sinks.actuator.recovery import Found
 from streams.commands import IsolationCommand
 
 __all__ = ["SlurmBackend", "is_held", "parse_node"]
@@ -164,6 +165,17 @@ class SlurmBackend:
             )
         self._run_argv(f"drain {cmd.host}", self.drain_argv(cmd))
         return ActionOutcome(changed=True, detail=f"drained node {cmd.host} (was {state})")
+
+    def already_applied(self, cmd: IsolationCommand) -> Found:
+        """After a crash while acting (sinks.actuator.recovery): slurmctld says whether
+        the node is drained by c4stream; one ``scontrol show node``, no write."""
+        if cmd.action == "restart_job":
+            return Found("not_applied", "restart_job is skipped by the slurm backend")
+        node = self.node(cmd.host)
+        state, reason = node.get("State", ""), node.get("Reason", "")
+        if is_held(state) and self._ours(reason):
+            return Found("applied", f"node {cmd.host} is {state} with our reason ({reason})")
+        return Found("not_applied", f"node {cmd.host} is {state or '?'} (reason {reason!r})")
 
     def check(self) -> list[str]:
         ping = self._run("scontrol ping", "ping").stdout

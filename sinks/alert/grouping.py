@@ -264,7 +264,7 @@ class Grouper:
         g.outcome, g.outcome_detail = outcome, detail
         if dry_run:
             g.dry_run = True
-        if changed and outcome in ("failed", "skipped", "denied"):
+        if changed and outcome in ("failed", "skipped", "denied", "unknown"):
             g.last_sent = now
             return [self._firing(g)]
         return []

@@ -150,7 +150,7 @@ class Notification:
             )
         if self.escalated:
             return f"Escalated to {self.severity}. {self.summary}"
-        if self.outcome in ("failed", "skipped", "denied"):
+        if self.outcome in ("failed", "skipped", "denied", "unknown"):
             return f"Actuator: {self.outcome} ({self.outcome_detail}). {self.summary}"
         return self.summary
 

@@ -226,7 +226,7 @@ def test_ledger_survives_reopen_and_prunes_old_rows(tmp_path: Path) -> None:
     assert os.path.getsize(path) > 0
 
 
-def test_a_stop_during_retries_records_nothing(
+def test_a_stop_during_retries_records_no_outcome_that_blocks(
     scheduler: tuple[Path, Path], tmp_path: Path
 ) -> None:
     stop = threading.Event()
@@ -236,7 +236,10 @@ def test_a_stop_during_retries_records_nothing(
         actuator = Actuator(ActuatorConfig(execute=True, attempts=5), failing, led, stop=stop)
         with pytest.raises(Interrupted):
             actuator.handle(command())
-        assert led.get("c4-1") is None  # not recorded: redelivered after the restart
+        # Recorded failed (not in_progress: the attempt ended), which blocks nothing:
+        # uncommitted, it is delivered again after the restart and acts.
+        e = led.get("c4-1")
+        assert e is not None and e.status == "failed" and not led.is_done("c4-1")
     assert len(calls(scheduler)) == 1
 
 

@@ -414,7 +414,7 @@ def test_the_schedulers_job_state_tells_a_restart_in_progress(
         assert slurm.requeues() == []
 
 
-def test_a_stop_while_retrying_the_restart_records_nothing(slurm: Slurmish) -> None:
+def test_a_stop_while_retrying_the_restart_records_no_restart(slurm: Slurmish) -> None:
     with Ledger(slurm.ledger) as led, RestartLog(slurm.ledger) as rl:
         act = actuator(slurm, led, rl, requeue_template=slurm.requeue("fail"))
         assert act.restart is not None
@@ -422,8 +422,16 @@ def test_a_stop_while_retrying_the_restart_records_nothing(slurm: Slurmish) -> N
         act.restart.stop.set()  # SIGTERM arrived: the first back-off returns at once
         with pytest.raises(RestartInterrupted):
             act.handle(command())
-        assert rl.entries() == [] and led.get("c4-1") is None  # delivered again later
-    assert len(slurm.requeues()) == 1
+        assert rl.entries() == []
+        assert len(slurm.requeues()) == 1
+        # Delivered again after the restart: the drain is known done (not run again,
+        # not "unknown"), only the job restart is carried out.
+        e = led.get("c4-1")
+        assert e is not None and e.status == "in_progress"
+        h = actuator(slurm, led, rl).handle(command())
+        assert h.status == "done" and "job restart done" in h.detail
+    drains = [c for c in slurm.read(slurm.calls) if c[0] == "update"]
+    assert len(drains) == 1 and len(slurm.requeues()) == 2
 
 
 def test_check_reports_the_restart_and_fails_on_a_missing_program(slurm: Slurmish) -> None:

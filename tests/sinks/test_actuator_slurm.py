@@ -129,7 +129,9 @@ def test_a_non_admin_scontrol_is_fatal_in_both_backends(
         )
         with pytest.raises(ActuatorConfigError, match="Invalid user id"):
             act.handle(command())
-        assert led.get("c4-7") is None  # not recorded: delivered again after the fix
+        # Recorded failed, which blocks nothing: delivered again after the fix, it acts.
+        e = led.get("c4-7")
+        assert e is not None and e.status == "failed" and not led.is_done("c4-7")
     assert "DRAIN" not in flags(c, "node-002")
 
 
