@@ -96,6 +96,16 @@ class Destination(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     refresh_interval_s: float = 60.0
     """``alertmanager_api`` only: re-post open alerts this often (their ``endsAt`` is
     4 intervals ahead, so Alertmanager keeps them while c4stream runs)."""
+    max_in_flight: int = 8
+    """Requests to this destination at once (alerts of different hosts; one host's
+    stay in order). A receiver answering after T seconds then delays the n-th alert of
+    a burst by about ceil(n / max_in_flight) * T, not n * T. Lower it for chats with
+    strict per-bot rate limits."""
+    retry_unconfirmed: bool = False
+    """Re-post a request whose answer never came (read timeout, connection closed after
+    the request was sent). Off: it is logged as "maybe delivered" and not repeated,
+    since the receiver may have posted it (a chat shows it twice). Targets that
+    deduplicate (``alertmanager_api``) are always retried."""
 
     @property
     def redacted_url(self) -> str:
@@ -175,6 +185,8 @@ class AlertConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for d in self.destination:
             if d.refresh_interval_s <= 0:
                 raise ConfigError(f"destination {d.name!r}: refresh_interval_s must be positive")
+            if d.max_in_flight < 1:
+                raise ConfigError(f"destination {d.name!r}: max_in_flight must be at least 1")
 
     def warnings(self) -> list[str]:
         """Settings that work but are probably not what was meant (``config check``)."""

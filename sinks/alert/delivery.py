@@ -1,8 +1,23 @@
-"""Delivery: a bounded queue and one worker per destination, retries with back-off.
+"""Delivery: a bounded queue per destination, requests in parallel, retries with back-off.
 
 Why per destination: a slow or failing chat (Teams throttling, a DingTalk outage) must not
-delay the others, and one sequential worker keeps each chat's messages in order (a
-``resolved`` never overtakes its ``firing``) and stays within per-bot rate limits.
+delay the others. Within a destination up to ``max_in_flight`` requests run at once, one
+per alert (``job/host``) at a time: a host's messages stay in order (a ``resolved``
+never overtakes its ``firing``), while a receiver that takes T seconds to answer delays
+the n-th alert of a burst by about ``ceil(n / max_in_flight) * T`` instead of ``n * T``
+(issue 25: 40 alerts to a receiver answering after 10 s, one at a time, ended 412 s late).
+
+Unconfirmed requests: a read timeout after the request was sent means the receiver may
+have posted the message. Where the target deduplicates
+(``Target.idempotent``: Alertmanager's API, an alert is its label set) it is retried
+like any failure. A chat webhook has no deduplication key (Slack, Teams, Discord,
+Mattermost, DingTalk and Feishu incoming webhooks offer none), so the request is *not*
+re-posted: it is logged as "maybe delivered", counted in ``DeliveryStats.unconfirmed``
+and completed, unless the destination sets ``retry_unconfirmed = true``. Connection
+errors and timeouts before the request was sent, 429 and 5xx answers are retried as
+before: the receiver said, or could only have, not taken it. Every request carries an
+``Idempotency-Key`` header (the same for every attempt of one notification), which a
+receiver of its own may use to deduplicate.
 
 Never blocking: :meth:`Delivery.offer` is a plain function that appends to a bounded
 deque and returns at once, so the Kafka consumer loop never waits on HTTP. When a
@@ -35,6 +50,8 @@ WARNING by :func:`quiet_http_loggers`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import logging
 import random
 import time
@@ -45,6 +62,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
+import msgspec
 
 from sinks.alert.model import SEVERITIES, Notification, severity_rank
 from sinks.alert.targets import Outcome, Target
@@ -54,6 +72,7 @@ __all__ = [
     "DeliveryStats",
     "Done",
     "backoff_delay",
+    "idempotency_key",
     "parse_retry_after",
     "quiet_http_loggers",
 ]
@@ -82,6 +101,30 @@ class _Item:
     @property
     def severity(self) -> str:
         return self.n.severity
+
+    @property
+    def key(self) -> str:
+        return self.n.key
+
+
+#: The request was sent whole and the receiver kept the connection open without an
+#: answer: it may have posted the message. (A reset or close while reading is not
+#: here: it is also what a keep-alive connection the server had already closed looks
+#: like, where nothing was received, so it is retried.)
+_UNCONFIRMED = (httpx.ReadTimeout,)
+
+
+def idempotency_key(n: Notification) -> str:
+    """One key per notification, the same on every attempt and after a restart that
+    re-reads it: a hash of its content.
+
+    >>> from sinks.alert.samples import sample_notification
+    >>> n = sample_notification()
+    >>> idempotency_key(n) == idempotency_key(n), len(idempotency_key(n))
+    (True, 32)
+    """
+    body = msgspec.json.encode(dataclasses.asdict(n))
+    return hashlib.sha256(body).hexdigest()[:32]
 
 
 def quiet_http_loggers() -> None:
@@ -132,6 +175,8 @@ class DeliveryStats:
     failed: int = 0
     """Given up: permanent error, or retries exhausted."""
     retries: int = 0
+    unconfirmed: int = 0
+    """Sent, no answer (read timeout), not re-posted: maybe delivered (module doc)."""
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEVERITIES, 0))
     """Dropped from a full queue, by severity."""
 
@@ -180,13 +225,31 @@ class _BoundedQueue:
         self._ready.set()
         return dropped
 
-    async def get(self) -> Any:
-        while not self._len:
+    async def get(self, busy: set[str] | frozenset[str] = frozenset()) -> Any:
+        """The oldest entry whose ``key`` is not in ``busy`` (an alert with a request in
+        flight waits for it: its messages stay in order); waits for one."""
+        while True:
+            best: tuple[int, int, int] | None = None  # (arrival, severity queue, index)
+            for qi, q in enumerate(self._by_severity):
+                for i, (seq, n) in enumerate(q):
+                    if n.key not in busy:
+                        if best is None or seq < best[0]:
+                            best = (seq, qi, i)
+                        break  # later entries of this queue are younger
+            if best is not None:
+                _, qi, i = best
+                q = self._by_severity[qi]
+                entry = q.popleft() if i == 0 else q[i]
+                if i:
+                    del q[i]
+                self._len -= 1
+                return entry[1]
             self._ready.clear()
             await self._ready.wait()
-        oldest = min((q for q in self._by_severity if q), key=lambda q: q[0][0])
-        self._len -= 1
-        return oldest.popleft()[1]
+
+    def poke(self) -> None:
+        """An alert's request finished: its next entry may be taken now."""
+        self._ready.set()
 
 
 class Delivery:
@@ -218,7 +281,8 @@ class Delivery:
         self.retry_after_max_s = retry_after_max_s
         self.stats = DeliveryStats()
         self._queues = {name: _BoundedQueue(queue_size) for name in self.targets}
-        self._busy = dict.fromkeys(self.targets, False)
+        self._busy = dict.fromkeys(self.targets, 0)
+        """Per destination: notifications taken from the queue and not finished."""
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=timeout_s, follow_redirects=False, headers={"User-Agent": USER_AGENT}
@@ -290,23 +354,55 @@ class Delivery:
             await self._client.aclose()
 
     async def _work(self, name: str) -> None:
+        """Take notifications in queue order; at most ``max_in_flight`` at once, and a
+        notification waits for the one before it of the same alert (order per host)."""
         queue = self._queues[name]
-        target = self.targets[name]
-        while True:
-            item: _Item = await queue.get()
-            self._busy[name] = True
-            ok, detail = False, "not sent"
-            try:
-                ok, detail = await self.attempt(
-                    target, item.n, deadline=item.queued + self.retry_for_s
-                )
-            except Exception as err:  # a bug in one target must not kill its worker
-                self.stats.failed += 1
-                detail = f"unexpected {type(err).__name__}: {err}"
-                log.exception("alert to %s failed unexpectedly", name)
-            finally:
-                self._busy[name] = False
-                item.done(ok, detail)
+        slots = asyncio.Semaphore(self.targets[name].destination.max_in_flight)
+        busy: set[str] = set()
+        """Alerts with a request in flight; their next messages wait in the queue (where
+        the full-queue rule still applies to them)."""
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await slots.acquire()
+                try:
+                    item: _Item = await queue.get(busy)
+                except BaseException:
+                    slots.release()
+                    raise
+                self._busy[name] += 1
+                busy.add(item.key)
+                task = asyncio.create_task(self._send_item(name, item))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+                def finished(_t: asyncio.Task[None], key: str = item.key) -> None:
+                    busy.discard(key)
+                    slots.release()
+                    queue.poke()
+
+                task.add_done_callback(finished)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _send_item(self, name: str, item: _Item) -> None:
+        ok, detail = False, "not sent"
+        try:
+            ok, detail = await self.attempt(
+                self.targets[name], item.n, deadline=item.queued + self.retry_for_s
+            )
+        except asyncio.CancelledError:
+            detail = "alerter stopped before it was sent"
+            raise
+        except Exception as err:  # a bug in one target must not kill its worker
+            self.stats.failed += 1
+            detail = f"unexpected {type(err).__name__}: {err}"
+            log.exception("alert to %s failed unexpectedly", name)
+        finally:
+            self._busy[name] -= 1
+            item.done(ok, detail)
 
     async def send(self, target: Target, n: Notification, *, within_s: float | None = None) -> bool:
         """POST ``n`` to ``target`` with retries for ``within_s`` (default
@@ -321,6 +417,7 @@ class Delivery:
         """POST ``n`` with retries until delivered, refused for good, ``max_attempts``
         (when set) or monotonic time ``deadline``; (delivered?, what happened)."""
         where = f"{target.name} ({target.destination.redacted_url})"
+        key = idempotency_key(n)
         attempt = 0
         while True:
             attempt += 1
@@ -330,8 +427,26 @@ class Delivery:
                 resp = await self._client.post(
                     req.url,
                     content=req.body(),
-                    headers={"Content-Type": "application/json", **req.headers},
+                    headers={
+                        "Content-Type": "application/json",
+                        "Idempotency-Key": key,
+                        **req.headers,
+                    },
                 )
+            except _UNCONFIRMED as err:
+                if not (target.idempotent or target.destination.retry_unconfirmed):
+                    self.stats.unconfirmed += 1
+                    log.warning(
+                        "alert %s %s to %s: %s after the request was sent: maybe delivered; "
+                        "not re-posted (a chat would show it twice; retry_unconfirmed = "
+                        "true re-posts)",
+                        n.status,
+                        n.key,
+                        where,
+                        type(err).__name__,
+                    )
+                    return True, f"maybe delivered to {target.name}: {type(err).__name__}"
+                outcome, detail = Outcome.RETRY, f"{type(err).__name__} (unconfirmed)"
             except httpx.TransportError as err:
                 outcome, detail = Outcome.RETRY, f"{type(err).__name__}"
             else:

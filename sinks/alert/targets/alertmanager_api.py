@@ -56,6 +56,8 @@ class AlertmanagerApiTarget(Target):
     kind = "alertmanager_api"
     #: The alerter re-posts open alerts to this target (see the module docstring).
     refreshes = True
+    #: An alert is its label set: the same post twice is one alert (a safe retry).
+    idempotent = True
 
     @property
     def api_url(self) -> str:

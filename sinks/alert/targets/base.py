@@ -77,6 +77,11 @@ class Target(ABC):
     refreshes: ClassVar[bool] = False
     """True for targets that must be told again about open alerts every
     ``refresh_interval_s`` (Alertmanager's API: alerts expire at their ``endsAt``)."""
+    idempotent: ClassVar[bool] = False
+    """True when posting the same notification twice shows it once (Alertmanager's API
+    deduplicates by labels), so a request whose answer never came may be sent again.
+    Chat webhooks (Slack, Teams, Discord, Mattermost, DingTalk, Feishu) offer no
+    deduplication key: a second post is a second message."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
