@@ -17,6 +17,10 @@ handler raises:
 * :class:`TransientError` — retry later. The record and everything after it in its
   partition stay uncommitted; the runner pauses the assignment, waits with back-off and
   tries again for up to ``retry_for_s``, then dead-letters the record with the reason.
+* :class:`Rewind` (a transient error) — results already handled were lost (a full
+  disk took an archive file with them): the runner reads each named partition again
+  from the given offset after ``retry_after_s``, commits nothing past it, and never
+  dead-letters for it (the records are fine; the service is held).
 * :class:`PermanentError` — this record cannot be used: dead letter, go on.
 * :class:`FatalError` — the service cannot go on (bad configuration, dead-letter topic
   unwritable, broker gone): stop loudly, commit nothing more, exit non-zero.
@@ -72,6 +76,7 @@ __all__ = [
     "PermanentError",
     "Record",
     "RunnerConfig",
+    "Rewind",
     "RunnerStats",
     "TransientError",
     "default_instance_id",
@@ -92,6 +97,17 @@ class TransientError(Exception):
     def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class Rewind(TransientError):
+    """Read again from ``offsets`` (per partition) after ``retry_after_s``: results of
+    records from there on were lost before they were durable. Raised by
+    :meth:`Handler.handle_batch` or :meth:`Handler.tick`; the records of the batch at
+    hand are read again too."""
+
+    def __init__(self, message: str, offsets: dict[TP, int], *, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.offsets = dict(offsets)
 
 
 class PermanentError(Exception):
@@ -374,6 +390,13 @@ class _Progress:
         with self._lock:
             self._committed.update(offsets)
 
+    def rewind(self, offsets: dict[TP, int]) -> None:
+        """Records from ``offsets`` on are to be handled again: nothing past is committed."""
+        with self._lock:
+            for tp, off in offsets.items():
+                if tp in self._next:
+                    self._next[tp] = min(self._next[tp], off)
+
     def forget(self, tps: Iterable[TP] | None = None) -> None:
         with self._lock:
             for d in (self._next, self._held, self._committed):
@@ -588,6 +611,8 @@ class ConsumerRunner:
         self._last_heard = self.started
         self._last_commit = -1e18
         self._retry: _Retry | None = None
+        self._rewind_at: float | None = None
+        """Paused after a :class:`Rewind`: reading resumes at this monotonic time."""
         self._paused = False
         self._assigned_at = self.started
         self._last_probe = -1e18
@@ -667,7 +692,10 @@ class ConsumerRunner:
                 now = self._clock()
                 if now >= next_tick:
                     next_tick = now + cfg.tick_s
-                    self.handler.tick(self)
+                    try:
+                        self.handler.tick(self)
+                    except Rewind as err:
+                        self._rewind(err, [])
                     self._write_status()
                 self._commit(force=False)
                 if cfg.max_messages is not None and self.stats.received >= cfg.max_messages:
@@ -711,13 +739,27 @@ class ConsumerRunner:
 
     def _idle_expired(self, now: float) -> bool:
         idle = self.cfg.exit_when_idle_s
-        if idle is None or not self.assigned or self._retry or self.progress.held():
+        if (
+            idle is None
+            or not self.assigned
+            or self._retry
+            or self._rewind_at is not None
+            or self.progress.held()
+        ):
             return False
         return now - self._last_heard >= idle and now - self._assigned_at >= idle
 
     # ------------------------------------------------------------ one step
 
     def _step(self) -> None:
+        if self._rewind_at is not None:
+            if self._clock() < self._rewind_at:
+                self._consumer.poll(0)  # keeps the membership; paused: nothing comes
+                self._check_broker(got_message=False)
+                self.stop.wait(min(self.cfg.poll_timeout_s, self._rewind_at - self._clock()))
+                return
+            self._rewind_at = None
+            self._pause(False)
         if self._retry is not None:
             # Paused: this only keeps the group membership alive. Should a message come
             # anyway, rewind to it so it is neither skipped nor committed past.
@@ -768,6 +810,9 @@ class ConsumerRunner:
             rec = records[idx]
             if isinstance(err, FatalError):
                 raise err
+            if isinstance(err, Rewind):
+                self._rewind(err, records[idx:])
+                return
             if isinstance(err, PermanentError):
                 self.dead_letter(rec, str(err))
             elif self._retry_later(rec, err, records[idx:]):
@@ -827,6 +872,31 @@ class ConsumerRunner:
             self.cfg.retry_for_s,
         )
         return True
+
+    def _rewind(self, err: Rewind, unhandled: Sequence[Record]) -> None:
+        """Seek back to ``err.offsets`` (and to the first of ``unhandled`` per partition),
+        commit nothing past them, pause for ``err.retry_after_s``."""
+        offsets = dict(err.offsets)
+        for rec in unhandled:
+            offsets[rec.tp] = min(rec.offset, offsets.get(rec.tp, rec.offset))
+        self.progress.rewind(offsets)
+        self._end_retry()
+        for (topic, partition), off in sorted(offsets.items()):
+            if (topic, partition) not in self.assigned:
+                continue  # revoked meanwhile: its new owner reads from the commit
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, off))
+            except KafkaException as kerr:
+                # Not re-read in this process: stop cleanly, nothing past was committed.
+                raise FatalError(
+                    f"cannot read {topic}[{partition}] again from offset {off} ({kerr}) "
+                    f"after: {err}; restart to read it again from the last commit"
+                ) from kerr
+        self.stats.retries += 1
+        delay = err.retry_after_s if err.retry_after_s is not None else self.cfg.retry_base_s
+        self._rewind_at = self._clock() + max(0.05, min(delay, self.cfg.retry_max_s))
+        self._pause(True)
+        log.debug("rewound %s; reading again in %.1fs: %s", offsets, delay, err)
 
     def _end_retry(self) -> None:
         if self._retry is not None:

@@ -17,10 +17,20 @@ opened), and are removed by the dedupe key (:mod:`sinks.archive.dedupe`).
 
 Partition revocation or loss closes (publishes) every open file first, so a
 rebalance never discards rows whose offsets another member will not re-read.
+
+A full filesystem (ENOSPC, or any other OSError writing the archive) never ends the
+process: the archiver logs one line saying so, drops every open file with its
+``.inprogress`` temp (a failed write leaves a Parquet file unusable; dropping them also
+frees their space), commits nothing past the lowest offset whose rows are not in a
+published file, and reads again from there after a back-off (1 s doubling to 60 s,
+:class:`~c4base.runtime.Rewind`) until writes succeed; then it logs that it resumed.
+Nothing is lost and no temp file is left; rows of messages that were in files already
+published are written again, as after a crash, and removed by the dedupe key.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -35,7 +45,15 @@ from c4base.config import Section
 from c4base.consumer_lag import observe_latency
 from c4base.kafka import KafkaConfig
 from c4base.metrics import MetricsLike, NullMetrics
-from c4base.runtime import BaseHandler, ConsumerRunner, Context, Record, RunnerConfig
+from c4base.runtime import (
+    BaseHandler,
+    ConsumerRunner,
+    Context,
+    LogThrottle,
+    Record,
+    Rewind,
+    RunnerConfig,
+)
 from c4base.topics import Topics
 from producers.columnar import content_type_of
 from sinks.archive.decode import DECODERS
@@ -133,6 +151,10 @@ class ArchiveHandler(BaseHandler):
         self.stats = ArchiveStats()
         self.metrics = metrics or NullMetrics()
         self._next_stats = clock() + config.stats_interval_s
+        self._held_since: float | None = None
+        """When writing first failed (a full disk), until a write succeeds again."""
+        self._holds = 0
+        self._throttle = LogThrottle(60.0, clock)
 
     # ------------------------------------------------------------------ messages
 
@@ -141,8 +163,50 @@ class ArchiveHandler(BaseHandler):
         for rec in records:
             self.stats.messages += 1
             by_dataset.setdefault(self.dataset_of[rec.topic], []).append(rec)
-        for name, recs in by_dataset.items():
-            self._archive(name, recs, ctx)
+        for w in self.writers.values():
+            w.reread(records)
+        try:
+            for name, recs in by_dataset.items():
+                self._archive(name, recs, ctx)
+        except OSError as err:
+            raise self._hold(err, "writing") from None
+
+    # ------------------------------------------------------------------ a full disk
+
+    def _hold(self, err: OSError, doing: str) -> Rewind:
+        """Drop every open file, keep the commit below their rows, read them again later."""
+        offsets = self.pending()  # before discarding: the open files' lowest offsets
+        for w in self.writers.values():
+            w.discard()
+            w.forget_lost()  # the runner now holds them (Rewind)
+        self._holds += 1
+        if self._held_since is None:
+            self._held_since = self._clock()
+        delay = min(60.0, 2.0 ** min(self._holds - 1, 6))
+        what = "filesystem full" if _disk_full(err) else "cannot write"
+        self._throttle.log(
+            log,
+            logging.WARNING,
+            "hold",
+            "archive %s (%s %s: %s): holding — open files dropped, nothing committed past "
+            "what is in published files, reading again in %.0fs",
+            what,
+            doing,
+            self.cfg.out,
+            err,
+            delay,
+        )
+        return Rewind(f"archive {what}: {err}", offsets, retry_after_s=delay)
+
+    def _writable(self) -> None:
+        """A file was published: if writing had failed, say it works again."""
+        if self._held_since is not None:
+            log.warning(
+                "archive writable again after %.0fs (%d hold(s)); archiving resumed",
+                self._clock() - self._held_since,
+                self._holds,
+            )
+            self._held_since, self._holds = None, 0
 
     def _archive(self, name: str, recs: list[Record], ctx: Context) -> None:
         decode = DECODERS[name]
@@ -200,6 +264,8 @@ class ArchiveHandler(BaseHandler):
 
     def _write(self, name: str, rows: Any) -> None:
         done = self.writers[name].write(rows.table, rows.jobs)
+        if done:
+            self._writable()
         self.stats.rows[name] += rows.table.num_rows
         if name == "events":
             self.metrics.events_in.labels(stage=STAGE).inc(rows.table.num_rows)
@@ -219,14 +285,31 @@ class ArchiveHandler(BaseHandler):
         return out
 
     def tick(self, ctx: Context) -> None:
-        self.stats.files += sum(len(w.roll_due()) for w in self.writers.values())
+        try:
+            rolled = sum(len(w.roll_due()) for w in self.writers.values())
+        except OSError as err:
+            raise self._hold(err, "publishing a file in") from None
+        if rolled:
+            self.stats.files += rolled
+            self._writable()
         if self._clock() >= self._next_stats:
             self._next_stats = self._clock() + self.cfg.stats_interval_s
             log.info("archive stats: %s", self.stats)
 
     def _publish_all(self) -> None:
-        for w in self.writers.values():
-            self.stats.files += len(w.close_all())
+        """Publish every open file; on a full disk drop them instead (no temp left) and
+        keep their offsets pending, so the commit that follows stays below them."""
+        try:
+            for w in self.writers.values():
+                self.stats.files += len(w.close_all())
+        except OSError as err:
+            log.warning(
+                "archive cannot publish its open files (%s); dropped, their rows are read "
+                "again from the last commit by whoever consumes next",
+                err,
+            )
+            for w in self.writers.values():
+                w.discard()
 
     def revoked(self, tps: list[TopicPartitionKey], lost: bool) -> None:
         # Publish before another member takes over (or, if lost, may already own them):
@@ -296,6 +379,20 @@ class Archiver:
         self.stats.commits = runner.stats.commits
         log.info("archiver stopped: %s", self.stats)
         return self.stats
+
+
+def _disk_full(err: OSError) -> bool:
+    """ENOSPC or EDQUOT, also from pyarrow (its OSError may carry the errno in the text).
+
+    >>> _disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    True
+    >>> _disk_full(OSError("Error writing bytes to file. Detail: [errno 28] No space left"))
+    True
+    """
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return "No space left" in text or "Disk quota exceeded" in text
 
 
 def _sources(topic: str, kept: list[tuple[Record, int]]) -> Any:

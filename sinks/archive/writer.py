@@ -8,9 +8,15 @@ complete::
     write row groups → close (footer) → fsync(file) → rename → fsync(dir)
 
 so a reader never sees a half-written file and a crash leaves at most a stale temp
-file, never a torn ``.parquet``. Rows are *durable* once their file is renamed; the
-writer reports, per Kafka partition, the lowest offset still held only in open
-(non-durable) files so the consumer commits nothing beyond it.
+file, never a torn ``.parquet``. A write that fails (a full disk: ENOSPC) loses the
+open files' rows, not the data: :meth:`DatasetWriter.discard` drops every open file
+and its temp (none is left behind), and :meth:`DatasetWriter.pending_offsets` keeps
+naming their lowest offsets until :meth:`DatasetWriter.forget_lost`, so the consumer
+commits nothing past them and reads them again from Kafka.
+
+Rows are *durable* once their file is renamed; the writer reports, per Kafka partition,
+the lowest offset still held only in open (non-durable) files so the consumer commits
+nothing beyond it.
 
 Files roll when they reach ``roll_bytes`` on disk or ``roll_seconds`` of age; rows
 are buffered in memory up to ``row_group_bytes`` (uncompressed) and written as one
@@ -42,10 +48,11 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -248,6 +255,8 @@ class DatasetWriter:
         self._id = writer_id or uuid.uuid4().hex[:8]
         self._seq = 0
         self._open: dict[str, _OpenFile] = {}
+        self._lost: dict[tuple[str, int], int] = {}
+        """Lowest offsets of rows dropped with a failed file, until read again."""
         self.files_written = 0
         self.rows_written = 0
 
@@ -293,18 +302,43 @@ class DatasetWriter:
 
     def abort_all(self) -> None:
         """Drop open files without publishing them (their rows were never committed)."""
+        self.discard()
+
+    def discard(self) -> None:
+        """Drop every open file and its temp, even on a full disk (a failed write leaves
+        a file unusable); their offsets stay in :meth:`pending_offsets` until
+        :meth:`forget_lost`."""
         for f in self._open.values():
-            try:
-                f.writer.close()
-            finally:
-                f.tmp.unlink(missing_ok=True)
+            self._drop(f)
         self._open.clear()
+
+    def forget_lost(self) -> None:
+        """The consumer reads the dropped rows again: stop holding their offsets."""
+        self._lost.clear()
+
+    def reread(self, records: Iterable[Any]) -> None:
+        """Records (with ``tp`` and ``offset``) consumed again from at or below a dropped
+        file's lowest offset: their partitions need no holding any more."""
+        if self._lost:
+            for rec in records:
+                off = self._lost.get(rec.tp)
+                if off is not None and rec.offset <= off:
+                    del self._lost[rec.tp]
+
+    def _drop(self, f: _OpenFile) -> None:
+        try:
+            f.writer.close()
+        except Exception as err:  # ENOSPC again on the footer: the file is dropped anyway
+            log.debug("closing %s while dropping it: %s", f.tmp, err)
+        f.tmp.unlink(missing_ok=True)
+        for tp, off in f.min_offsets.items():
+            self._lost[tp] = min(off, self._lost.get(tp, off))
 
     # ---- offsets
 
     def pending_offsets(self) -> dict[tuple[str, int], int]:
         """Per (topic, partition): the lowest Kafka offset with rows not yet durable."""
-        out: dict[tuple[str, int], int] = {}
+        out: dict[tuple[str, int], int] = dict(self._lost)
         for f in self._open.values():
             for tp, off in f.min_offsets.items():
                 if off < out.get(tp, off + 1):
@@ -324,9 +358,12 @@ class DatasetWriter:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         final = directory / f"part-{stamp}-{self._id}-{self._seq:06d}.parquet"
         tmp = _temp_of(final)
-        f = _OpenFile(
-            final, tmp, pq.ParquetWriter(tmp, self.schema, **_PARQUET_OPTIONS), self._clock()
-        )
+        try:
+            writer = pq.ParquetWriter(tmp, self.schema, **_PARQUET_OPTIONS)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        f = _OpenFile(final, tmp, writer, self._clock())
         self._open[rel] = f
         return f
 
@@ -350,9 +387,13 @@ class DatasetWriter:
 
     def _complete(self, rel: str) -> Path:
         f = self._open.pop(rel)
-        f.flush_row_group()
-        f.writer.close()
-        _publish(f.tmp, f.final)
+        try:
+            f.flush_row_group()
+            f.writer.close()
+            _publish(f.tmp, f.final)
+        except BaseException:
+            self._drop(f)  # no temp left behind; its rows are read again
+            raise
         self.files_written += 1
         self.rows_written += f.rows
         log.debug("archived %s (%d rows, %d bytes)", f.final, f.rows, f.final.stat().st_size)
