@@ -36,8 +36,17 @@ __all__ = ["OUTCOMES", "Metrics", "MetricsConfig", "MetricsLike", "NullMetrics"]
 #: ``c4stream_sink_actions_total`` outcomes each stage reports (exported at 0 from start).
 OUTCOMES: dict[str, tuple[str, ...]] = {
     "exporter": ("delivered", "delivery_error"),
-    "actuator": ("acted", "dry_run", "skipped", "denied", "alert_only", "duplicate", "failed"),
-    "alerter": ("delivered", "failed", "retried", "dropped"),
+    "actuator": (
+        "acted",
+        "dry_run",
+        "skipped",
+        "denied",
+        "alert_only",
+        "duplicate",
+        "failed",
+        "unknown",
+    ),
+    "alerter": ("delivered", "failed", "retried", "dropped", "unconfirmed"),
     "archiver": ("commit",),
 }
 

@@ -164,6 +164,7 @@ class AlertHandler(BaseHandler):
             "failed": d.failed,
             "retried": d.retries,
             "dropped": d.dropped_total,
+            "unconfirmed": d.unconfirmed,
         }
         for outcome, total in now.items():
             grew = total - self._outcomes.get(outcome, 0)
@@ -204,6 +205,7 @@ class AlertHandler(BaseHandler):
                 "delivered": d.stats.delivered,
                 "failed": d.stats.failed,
                 "retries": d.stats.retries,
+                "unconfirmed": d.stats.unconfirmed,
             }
         }
 
