@@ -21,12 +21,14 @@ from c4base.kafka import KafkaConfig
 from c4base.metrics import NullMetrics
 from c4base.runtime import (
     BaseHandler,
+    BatchFailed,
     ConsumerRunner,
     Context,
     FatalError,
     Hold,
     PermanentError,
     Record,
+    Rewind,
     RunnerConfig,
     TransientError,
 )
@@ -187,3 +189,47 @@ def test_idle_exit_is_not_reset_by_broker_probes(kafka_bootstrap: str) -> None:
     stats = r.run()
     assert stats.handled == 1
     assert time.monotonic() - t0 < 20
+
+
+class Buffering(BaseHandler):
+    """Records are durable only at a b"flush"; the first b"lose" loses the buffer (a
+    full disk taking an open file) and asks to read again from its lowest offset."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+        self.buffer: dict[tuple[str, int], int] = {}
+        self.lost = False
+
+    def handle_batch(self, records, ctx):  # type: ignore[no-untyped-def]
+        for i, rec in enumerate(records):
+            self.seen.append(rec.offset)
+            if rec.value == b"lose" and not self.lost:
+                self.lost = True
+                floor, self.buffer = dict(self.buffer), {}
+                raise BatchFailed(i, Rewind("buffer lost", floor, retry_after_s=0.3))
+            if rec.value == b"flush":
+                self.buffer.clear()
+            else:
+                self.buffer.setdefault(rec.tp, rec.offset)
+
+    def pending(self) -> dict[tuple[str, int], int]:
+        return dict(self.buffer)
+
+    def close(self, stop_by: float, ctx: Context) -> None:
+        self.buffer.clear()  # made durable at a clean stop
+
+
+@pytest.mark.timeout(60)
+def test_rewind_reads_the_lost_records_again_and_commits_nothing_past_them(
+    kafka_bootstrap: str,
+) -> None:
+    topic, dl = _topics(kafka_bootstrap)
+    values = [b"ok", b"ok", b"flush", b"ok", b"ok", b"lose", b"ok"]
+    _produce(kafka_bootstrap, topic, values)
+    h = Buffering()
+    r = _runner(kafka_bootstrap, topic, dl, h, exit_when_idle_s=1.0)
+    stats = r.run()
+    # 0..5, then again from 3 (the lost buffer's lowest offset) to the end
+    assert h.seen == [0, 1, 2, 3, 4, 5, 3, 4, 5, 6]
+    assert stats.deadlettered == 0 and stats.retries == 1
+    assert _committed(kafka_bootstrap, r.cfg.group, topic) == len(values)
