@@ -317,13 +317,13 @@ class DatasetWriter:
         self._lost.clear()
 
     def reread(self, records: Iterable[Any]) -> None:
-        """Records (with ``tp`` and ``offset``) consumed again from at or below a dropped
-        file's lowest offset: their partitions need no holding any more."""
+        """Records (with ``tp``) consumed again: their partitions need no holding any
+        more. (A partition's dropped rows are held only across the commit of a stop or a
+        revocation; whatever it delivers next starts at a committed offset at or below
+        them, or past them when another member archived them meanwhile.)"""
         if self._lost:
             for rec in records:
-                off = self._lost.get(rec.tp)
-                if off is not None and rec.offset <= off:
-                    del self._lost[rec.tp]
+                self._lost.pop(rec.tp, None)
 
     def _drop(self, f: _OpenFile) -> None:
         try:

@@ -67,6 +67,35 @@ def fill(path: Path, leave_bytes: int) -> Path:
     return ballast
 
 
+def test_the_writer_on_a_full_filesystem_drops_its_files_and_holds_their_offsets(
+    small_fs: Path,
+) -> None:
+    """No Kafka: the DatasetWriter on the real small filesystem. The failing write
+    raises OSError (ENOSPC); discard() leaves no temp; the dropped rows' lowest offsets
+    stay pending until forget_lost(); once there is space it writes again."""
+    from sinks.archive.schemas import EVENTS
+    from sinks.archive.writer import DatasetWriter, RollPolicy
+    from tests.sinks.test_archive_writer import batch, make_events
+
+    w = DatasetWriter(small_fs / "events", EVENTS, RollPolicy(row_group_bytes=1))
+    ballast = fill(small_fs, leave_bytes=8_000)
+    rows = batch(make_events(4000), partition=3, offset0=100, per_msg=10)
+    with pytest.raises(OSError) as err:
+        for i in range(0, rows.table.num_rows, 200):  # row groups until the disk is full
+            w.write(rows.table.slice(i, 200), rows.jobs.slice(i, 200))
+        w.close_all()
+    assert "No space left" in str(err.value) or err.value.errno == 28
+    w.discard()
+    assert list(small_fs.rglob(f"*{TEMP_SUFFIX}")) == [] and w.open_files == 0
+    assert w.pending_offsets() == {("c4.events", 3): 100}  # nothing committed past it
+    w.forget_lost()
+    assert w.pending_offsets() == {}
+    ballast.unlink()
+    w.write(rows.table, rows.jobs)
+    [path] = w.close_all()
+    assert pq.ParquetFile(path).metadata.num_rows == 4000
+
+
 @pytest.mark.kafka
 @pytest.mark.timeout(180)
 def test_a_full_archive_filesystem_holds_and_resumes(
