@@ -9,6 +9,14 @@ programs and servers: the actuator is SIGKILLed by its test hook
 receivers are HTTP servers on loopback; the archive is a real 4 MB tmpfs filled by a
 ballast file. The sink tests (tests/sinks/test_actuator_exactly_once.py,
 test_alert_slow_receiver.py, test_archive_disk_full.py) hold the finer assertions.
+
+The columns, for these rows: sent = commands / alerts / event messages written;
+dead-lettered = dead letters (actuator), alerts settled as not delivered (alerter);
+lost = commands without a final ledger row, alerts the receiver never got, events
+missing from the archive after the dedupe key; duplicated = a command's runs (drains)
+beyond the first, posts of one notification (Idempotency-Key) beyond the first, archived
+rows beyond the first per dedupe key after dedupe (the raw count is in the notes);
+acted = actions that took effect; faults found = what arrived, out of what was sent.
 """
 
 from __future__ import annotations
