@@ -115,8 +115,9 @@ _UNCONFIRMED = (httpx.ReadTimeout,)
 
 
 def idempotency_key(n: Notification) -> str:
-    """One key per notification, the same on every attempt and after a restart that
-    re-reads it: a hash of its content.
+    """One key per notification, the same on every attempt: a hash of its content.
+    (Not across an alerter restart: the notification's ``starts_at`` is the alerter's
+    clock when the alert opened, so one re-read after a restart is a new notification.)
 
     >>> from sinks.alert.samples import sample_notification
     >>> n = sample_notification()
