@@ -128,6 +128,15 @@ def exporter(
         ),
         Key("signing_key_file"),
     ] = None,
+    summary_k: Annotated[
+        int,
+        typer.Option(
+            "--summary-k",
+            help="windows at the source: per rank and interval a summary plus 1 in K "
+            "collectives whole (the same seqs on every rank); 0 = every collective",
+        ),
+        Key("summary_k"),
+    ] = 0,
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = None,
     log_level: LogLevel = None,
