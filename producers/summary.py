@@ -19,9 +19,10 @@ cycles without one.
 :func:`expand` is the edge conversion that keeps each detector rule written once: a
 summary becomes what the core already consumes. Its per-peer totals replace the
 connections of its carrier — the window's last sample of the same (communicator, rank)
-— so the slow-connection matrix, which sums bytes and time per cell over its window,
-gets the same sums as from the raw collectives; the samples themselves are ordinary op
-events (straggler, op normal, rank identities). Counters for the hang detector come
+— and the other samples of the window lose theirs (the totals count them already), so
+the slow-connection matrix, which sums bytes and time per cell over its window, gets the
+same sums as from the raw collectives; the samples are otherwise ordinary op events
+(straggler, op normal, rank identities). Counters for the hang detector come
 from the progress heartbeats, as on raw input. A summary with no carrier in its message
 (a window force-closed without a sample) gives up its per-peer totals, counted.
 
@@ -237,16 +238,18 @@ def expand(items: Iterable[Event | SummaryEvent], stats: ExpandStats | None = No
         st.summaries += 1
         if not s.peers:
             continue
-        best = -1
-        for i in by_lane.get((s.comm, s.rank), ()):
-            ev = events[i]
-            assert isinstance(ev, OpEvent)
-            if s.seq_first <= ev.seq <= s.seq_last and (best < 0 or ev.seq > events[best].seq):  # type: ignore[union-attr]
-                best = i
-        if best < 0:
+        inside = [
+            i
+            for i in by_lane.get((s.comm, s.rank), ())
+            if s.seq_first <= events[i].seq <= s.seq_last  # type: ignore[union-attr]
+        ]
+        if not inside:
             st.uncarried += 1
             continue
-        events[best] = msgspec.structs.replace(events[best], conns=list(s.peers))  # type: ignore[arg-type]
+        best = max(inside, key=lambda i: events[i].seq)  # type: ignore[union-attr]
+        for i in inside:  # the totals include every sample's own traffic: once, on the carrier
+            conns = list(s.peers) if i == best else None
+            events[i] = msgspec.structs.replace(events[i], conns=conns)  # type: ignore[arg-type]
         st.carried += 1
     return events
 
