@@ -285,13 +285,16 @@ class Summariser:
     ``add`` every op event in arrival order; ``flush`` at each publish cycle returns per
     communicator the records to send (samples, then summaries) and the marks of the ops
     they cover. A window without a sample yet is held for up to ``max_hold`` flushes so
-    that its summary has a carrier (see the module doc); ``force`` closes everything."""
+    that its summary has a carrier (see the module doc); ``force`` closes everything.
+    With ``every = n`` a window spans n flushes (one summary per n intervals)."""
 
-    def __init__(self, k: int, *, max_hold: int = 4) -> None:
-        if k < 1:
-            raise ValueError(f"summary k must be >= 1, got {k}")
+    def __init__(self, k: int, *, every: int = 1, max_hold: int = 4) -> None:
+        if k < 1 or every < 1:
+            raise ValueError(f"summary k and every must be >= 1, got {k}, {every}")
         self.k = k
-        self.max_hold = max_hold
+        self.every = every
+        """A window spans this many flushes (publish intervals): fewer summaries."""
+        self.max_hold = max(max_hold, every)
         self._open: dict[tuple[str, int], _Window] = {}
 
     def add(self, ev: OpEvent, mark: tuple[str, Any] | None = None) -> None:
@@ -338,8 +341,8 @@ class Summariser:
         out: dict[str, tuple[list[Event | SummaryEvent], dict[str, Any]]] = {}
         for key in list(self._open):
             w = self._open[key]
-            if not w.samples and w.held + 1 < self.max_hold and not force:
-                w.held += 1
+            w.held += 1
+            if not force and (w.held < self.every or (not w.samples and w.held < self.max_hold)):
                 continue
             del self._open[key]
             recs, marks = out.setdefault(key[0], ([], {}))
@@ -410,7 +413,7 @@ def decode_expanded(
 
 
 def summarised(
-    batches: Iterable[Sequence[Event]], k: int, *, max_hold: int = 4
+    batches: Iterable[Sequence[Event]], k: int, *, every: int = 1, max_hold: int = 4
 ) -> Iterator[list[Event | SummaryEvent]]:
     """What exporters with ``summary_k = k`` send for a stream of raw batches, each one
     host's events of one communicator over one interval (as the simulator yields them
@@ -424,7 +427,7 @@ def summarised(
         key = (batch[0].host, batch[0].comm)
         summ = by_source.get(key)
         if summ is None:
-            summ = by_source[key] = Summariser(k, max_hold=max_hold)
+            summ = by_source[key] = Summariser(k, every=every, max_hold=max_hold)
         out: list[Event | SummaryEvent] = []
         for ev in batch:
             if ev.__class__ is OpEvent:

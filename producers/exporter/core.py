@@ -104,6 +104,9 @@ class ExporterConfig:
     """Windows at the source (:mod:`producers.summary`): > 0 sends per communicator, rank
     and interval one ``summary`` record plus every collective whose seq is picked 1 in
     ``summary_k`` (the same seqs on every rank) whole; 0 sends every collective."""
+    summary_intervals: int = 1
+    """With summaries: one summary per rank per this many intervals (fewer records; its
+    samples wait for it, so detection is up to this many intervals later)."""
 
     def __post_init__(self) -> None:
         encode_batch([], self.format)  # an unknown format is a config error, said at once
@@ -116,8 +119,8 @@ class ExporterConfig:
                     "signs only its own host's events)"
                 )
             load_key(self.signing_key_file)  # missing, short, readable by others: say so now
-        if self.summary_k < 0:
-            raise ValueError(f"summary_k must be >= 0 (0: no summaries), got {self.summary_k}")
+        if self.summary_k < 0 or self.summary_intervals < 1:
+            raise ValueError("summary_k must be >= 0 (0: no summaries), summary_intervals >= 1")
         if self.max_nranks < 1 or self.max_future_skew_s < 0 or self.max_past_skew_s < 0:
             raise ValueError("max_nranks must be >= 1 and the skews >= 0")
         # Frozen: resolve the defaults once, so every reader sees the prefixed names.
@@ -206,7 +209,11 @@ class Exporter:
         self._arrow = config.format == "arrow"
         self._key = load_key(config.signing_key_file) if config.signing_key_file else None
         self._warned: set[str] = set()
-        self._summ = Summariser(config.summary_k) if config.summary_k > 0 else None
+        self._summ = (
+            Summariser(config.summary_k, every=config.summary_intervals)
+            if config.summary_k > 0
+            else None
+        )
         self.stats = ExporterStats()
 
     # ------------------------------------------------------------------ steps

@@ -410,7 +410,7 @@ class CommRouter(StateRunner[str]):
                 out.deadletters.append(dead_letter(rec, item))
             elif isinstance(item, int):
                 accepted[item] = self._accept_rows(rec, block, item, facts, checks, out)  # type: ignore[arg-type]
-            else:
+            elif item or not has_summaries(rec.value):  # summaries alone: nothing to judge
                 self._accept(rec, item, out)
         if block is not None:
             checks.commit(accepted)

@@ -11,6 +11,7 @@ of its events partitions has been judged (:class:`WatermarkSender`), and agent
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
@@ -18,7 +19,25 @@ import msgspec
 
 from producers.guard import BoundsError, check_bounds
 
-__all__ = ["Watermark", "WatermarkSender", "decode_watermark", "encode_watermark"]
+__all__ = [
+    "Watermark",
+    "WatermarkSender",
+    "decode_watermark",
+    "encode_watermark",
+    "job_partition",
+]
+
+
+def job_partition(job: str, partitions: int) -> int:
+    """The ``c4.verdicts`` partition of a job's verdicts (and of its watermarks): a
+    stable hash (CRC-32, the same in every process and release), so that one correlator
+    sees the whole of a job (its cap on isolated hosts, its job-wide-stop rail) and
+    several correlators share the jobs.
+
+    >>> job_partition("job-1", 1), job_partition("job-1", 8) == job_partition("job-1", 8)
+    (0, True)
+    """
+    return zlib.crc32(job.encode()) % partitions
 
 
 class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -131,13 +150,19 @@ class WatermarkSender:
         has been judged (``clocks``: (partition, job) -> clock; changes only, all on
         ``heartbeat``). A partition with no job yet reports itself, at clock -1. Call
         after the verdicts are sent."""
-        lanes: dict[int, list[tuple[str | None, int]]] = {p: [] for p in partitions}
+        nq = self.verdicts_partitions
+        lanes: dict[int, list[list[tuple[str | None, int]]]] = {
+            p: [[] for _ in range(nq)] for p in partitions
+        }
         for (p, job), clock in sorted(clocks.items()):
-            lanes.setdefault(p, []).append((job, clock))
-        for p, jobs in sorted(lanes.items()):
+            lanes.setdefault(p, [[] for _ in range(nq)])[job_partition(job, nq)].append((job, clock))
+        for p, by_q in sorted(lanes.items()):
             idle = self.caught_up(p)
-            for job, clock in jobs or [(None, -1)]:
-                for q in range(self.verdicts_partitions):  # every correlator needs every clock
+            for q, jobs in enumerate(by_q):
+                # A job's clock goes to the one correlator that judges the job; a
+                # correlator no job of p maps to hears p as a whole (clock -1: holding
+                # while p has lag, as p may still hold any job in its backlog).
+                for job, clock in jobs or [(None, -1)]:
                     wm = Watermark(
                         partition=p,
                         clock_us=clock,
