@@ -28,7 +28,7 @@ records per GPU per second, and a 100k-GPU job needing at most 16 worker cores.
 collectives/s/rank (straggler, slow NIC, rank hang): the same faults on the same
 components, 0 false isolations, latency at most one 5 s window more.
 
-    python -m bench.bench_capacity                 # 16 GPUs, 10 s per rate
+    python -m bench.bench_capacity                 # 64 GPUs, 6 s per rate
     python -m bench.bench_capacity --quality       # + the quality side by side
 """
 
@@ -40,8 +40,6 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-
-import msgspec
 
 from producers.events import Event, OpEvent, encode_message
 from producers.simulator import FaultSpec, SimConfig, simulate
@@ -89,6 +87,8 @@ class Measured:
     records: int
     messages: int
     cpu_s: float
+    ops: int = 0
+    """Collectives in the trace (op events of the raw input)."""
 
     @property
     def records_per_gpu_s(self) -> float:
@@ -117,9 +117,7 @@ def _router() -> CommRouter:
 def judge(messages: Sequence[tuple[bytes, bytes]], batch: int = 200) -> float:
     """Thread CPU seconds of the worker's runner judging ``messages`` (key, value)."""
     r = _router()
-    recs = [
-        Record("c4.events", hash(k) % 8, i, k, v) for i, (k, v) in enumerate(messages)
-    ]
+    recs = [Record("c4.events", hash(k) % 8, i, k, v) for i, (k, v) in enumerate(messages)]
     dead = []
     t0 = time.thread_time()
     for i in range(0, len(recs), batch):
@@ -138,9 +136,9 @@ def measure(cfg: SimConfig, rate: float, k: int, every: int) -> tuple[Measured, 
     summ = list(summarised(batches, k, every=every))
     sum_msgs = [(m[0].comm.encode(), encode_summary_message(m)) for m in summ]
     sum_records = sum(map(len, summ))
-    del batches
+    ops = sum(e.__class__ is OpEvent for b in batches for e in b)
     raw = Measured("raw", rate, cfg.gpus, cfg.duration_s, raw_records, len(raw_msgs),
-                   judge(raw_msgs))  # fmt: skip
+                   judge(raw_msgs), ops)  # fmt: skip
     sm = Measured(f"summarised k={k}, {every} s", rate, cfg.gpus, cfg.duration_s, sum_records,
                   len(sum_msgs), judge(sum_msgs))  # fmt: skip
     return raw, sm
@@ -221,7 +219,9 @@ def quality(k: int, every: int, gpus_per_host: int, hosts: int, rate: float) -> 
 
 
 def _components(found: set[tuple]) -> str:
-    return ", ".join(sorted(f"{f} {h} gpu{g}" + (f" {n}" if n else "") for f, h, g, n in found)) or "-"
+    return (
+        ", ".join(sorted(f"{f} {h} gpu{g}" + (f" {n}" if n else "") for f, h, g, n in found)) or "-"
+    )
 
 
 def _secs(x: float | None) -> str:
@@ -241,9 +241,9 @@ def auto_k(rate: float) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default=",".join(map(str, RATES)))
-    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--gpus-per-host", type=int, default=8)
-    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--k", type=int, default=0, help="1-in-k samples; 0: about 1/s per rank")
     ap.add_argument("--every", type=int, default=2, help="summary window, in 1 s intervals")
     ap.add_argument("--headroom", type=float, default=2.0)
@@ -257,12 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = sim_config(rate, hosts=args.hosts, gpus_per_host=args.gpus_per_host,
                          duration_s=args.duration)  # fmt: skip
         raw, sm = measure(cfg, rate, k, args.every)
-        got = sum(1 for b in simulate(msgspec.structs.replace(cfg, duration_s=2.0))
-                  for e in b if e.__class__ is OpEvent) / cfg.gpus / 2.0  # fmt: skip
-        print(f"rate {rate:,.0f}: simulated {got:,.0f} collectives/s/rank "
-              f"(iteration {cfg.iteration_s * 1e3:.2f} ms), {cfg.gpus} GPUs x {cfg.duration_s:g} s; "
-              f"raw {raw.records:,} records in {raw.messages:,} messages, {raw.cpu_s:.2f} CPU-s; "
-              f"summarised {sm.records:,} records, {sm.cpu_s:.2f} CPU-s", file=sys.stderr)  # fmt: skip
+        print(
+            f"rate {rate:,.0f}: simulated {raw.ops / cfg.gpus / cfg.duration_s:,.0f} "
+            f"collectives/s/rank (iteration {cfg.iteration_s * 1e3:.2f} ms), {cfg.gpus} GPUs "
+            f"x {cfg.duration_s:g} s; raw {raw.records:,} records in {raw.messages:,} "
+            f"messages, {raw.cpu_s:.2f} CPU-s; summarised {sm.records:,} records, "
+            f"{sm.cpu_s:.2f} CPU-s",
+            file=sys.stderr,
+        )
         rows += [raw, sm]
     print(f"Capacity from measurement ({args.hosts * args.gpus_per_host} simulated GPUs, "
           f"{args.duration:g} s per rate, headroom x{args.headroom:g}; worker runner CPU, "
@@ -285,8 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{'met' if cores_ok else 'MISSED'}")  # fmt: skip
     if args.quality:
         k = args.quality_k or args.k or auto_k(TARGET_RATE)
-        print(f"\nQuality at {TARGET_RATE:,} collectives/s/rank, raw beside summarised "
-              f"(k={k}, summary every {args.every} s; 32 GPUs, 30 s, DetectionPipeline):\n")
+        print(
+            f"\nQuality at {TARGET_RATE:,} collectives/s/rank, raw beside summarised "
+            f"(k={k}, summary every {args.every} s; 32 GPUs, 30 s, DetectionPipeline):\n"
+        )
         q = quality(k, args.every, gpus_per_host=4, hosts=8, rate=TARGET_RATE)
         print(table(q, QUALITY_HEADER))
         ok_all = ok_all and all(r[-1] == "met" for r in q)

@@ -172,10 +172,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             r = run(bootstrap, Path(d), per_second, t0, jobs, q, w, args.speed)
             rows.append(r)
             print(r, file=sys.stderr)
-    print(f"\nCorrelator at {n_jobs * args.base_gpus:,} simulated GPUs ({n_jobs} jobs of "
-          f"{args.base_gpus}), {args.duration:g} s of verdicts at x{args.speed:g} pace:\n")
-    print("| c4.verdicts partitions | workers | verdicts | verdicts/s in | judged/s | "
-          "max lag (verdicts) | max lag (s) | drain after input | judged per worker | keeps up |")
+    print(
+        f"\nCorrelator at {n_jobs * args.base_gpus:,} simulated GPUs ({n_jobs} jobs of "
+        f"{args.base_gpus}), {args.duration:g} s of verdicts at x{args.speed:g} pace:\n"
+    )
+    print(
+        "| c4.verdicts partitions | workers | verdicts | verdicts/s in | judged/s | "
+        "max lag (verdicts) | max lag (s) | drain after input | judged per worker | keeps up |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     ok = True
     for r in rows:

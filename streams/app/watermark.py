@@ -155,7 +155,9 @@ class WatermarkSender:
             p: [[] for _ in range(nq)] for p in partitions
         }
         for (p, job), clock in sorted(clocks.items()):
-            lanes.setdefault(p, [[] for _ in range(nq)])[job_partition(job, nq)].append((job, clock))
+            lanes.setdefault(p, [[] for _ in range(nq)])[job_partition(job, nq)].append(
+                (job, clock)
+            )
         for p, by_q in sorted(lanes.items()):
             idle = self.caught_up(p)
             for q, jobs in enumerate(by_q):

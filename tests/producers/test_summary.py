@@ -116,8 +116,15 @@ def test_sampling_picks_the_same_seqs_on_every_rank_and_about_one_in_k() -> None
         for i, ev in enumerate(_ops(rank, 800, rng)):
             s.add(ev)
             if (i + 37 * rank) % 150 == 0:
-                got += [r.seq for recs, _ in s.flush().values() for r in recs if isinstance(r, OpEvent)]
-        got += [r.seq for recs, _ in s.flush(force=True).values() for r in recs if isinstance(r, OpEvent)]
+                got += [
+                    r.seq for recs, _ in s.flush().values() for r in recs if isinstance(r, OpEvent)
+                ]
+        got += [
+            r.seq
+            for recs, _ in s.flush(force=True).values()
+            for r in recs
+            if isinstance(r, OpEvent)
+        ]
         picks.append(got)
     assert picks[0] == picks[1] == picks[2] == picks[3] and len(picks[0]) > 20
 

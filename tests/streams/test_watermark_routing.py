@@ -15,7 +15,9 @@ class _Offsets:
         return 10
 
 
-def _sent(q: int, clocks: dict[tuple[int, str], int], parts: list[int]) -> list[tuple[int, Watermark]]:
+def _sent(
+    q: int, clocks: dict[tuple[int, str], int], parts: list[int]
+) -> list[tuple[int, Watermark]]:
     out: list[tuple[int, Watermark]] = []
 
     async def send(part: int, key: bytes, value: bytes) -> None:

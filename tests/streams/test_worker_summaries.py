@@ -80,7 +80,9 @@ def _messages(form: str) -> tuple[list[tuple[bytes, bytes, list]], int]:
 
 
 def _bad_summary() -> bytes:
-    s = next(r for recs in summarised(simulate(SIM), K) for r in recs if isinstance(r, SummaryEvent))
+    s = next(
+        r for recs in summarised(simulate(SIM), K) for r in recs if isinstance(r, SummaryEvent)
+    )
     doc = msgspec.json.decode(msgspec.json.encode(s))
     doc["sv"] = 2  # a summary version this worker does not know
     return msgspec.json.encode([doc])
