@@ -31,6 +31,7 @@ from pathlib import Path
 import msgspec
 from confluent_kafka import Producer
 
+from bench.bench_scaleout import _cpu_s
 from c4base.kafka import KafkaConfig
 from compose.local_broker import ensure_broker
 from producers.simulator import SCENARIOS, FaultSpec, simulate, with_gpus
@@ -96,6 +97,7 @@ def run(bootstrap: str, tmp: Path, per_second: dict[int, list[tuple[str, bytes]]
         for w in procs:
             w.wait_ready(120)
         time.sleep(3.0)  # the group settles: every verdicts partition owned
+        cpu0 = _cpu_s(procs)
         p = Producer(KafkaConfig(bootstrap=bootstrap).producer_config(**{"linger.ms": 5}))
         produced = 0
         start = time.monotonic()
@@ -127,6 +129,7 @@ def run(bootstrap: str, tmp: Path, per_second: dict[int, list[tuple[str, bytes]]
                 break
             time.sleep(0.2)
         total_s = time.monotonic() - start
+        cpu = (_cpu_s(procs) or 0.0) - (cpu0 or 0.0)
         shares = [w.status().get("correlate", {}).get("events", 0) for w in procs]
     finally:
         for w in procs:
@@ -145,6 +148,8 @@ def run(bootstrap: str, tmp: Path, per_second: dict[int, list[tuple[str, bytes]]
         "drain_s": total_s - sent_s,
         "judged": judged,
         "shares": shares,
+        "cpu_s": cpu,
+        "per_cpu_s": judged / cpu if cpu > 0 else 0.0,
     }
 
 
@@ -172,23 +177,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             r = run(bootstrap, Path(d), per_second, t0, jobs, q, w, args.speed)
             rows.append(r)
             print(r, file=sys.stderr)
+    gpus = n_jobs * args.base_gpus
+    per_gpu = sum(map(len, per_second.values())) / gpus / args.duration
     print(
-        f"\nCorrelator at {n_jobs * args.base_gpus:,} simulated GPUs ({n_jobs} jobs of "
-        f"{args.base_gpus}), {args.duration:g} s of verdicts at x{args.speed:g} pace:\n"
+        f"\nCorrelator at {gpus:,} simulated GPUs ({n_jobs} jobs of {args.base_gpus}), "
+        f"{args.duration:g} s of verdicts ({per_gpu:.3f} per GPU per second) at "
+        f"x{args.speed:g} pace:\n"
     )
     print(
-        "| c4.verdicts partitions | workers | verdicts | verdicts/s in | judged/s | "
-        "max lag (verdicts) | max lag (s) | drain after input | judged per worker | keeps up |"
+        "| c4.verdicts partitions | workers | verdicts | verdicts/s in | judged/s (wall) | "
+        "max lag | drain after input | judged per worker | worker CPU-s | verdicts per "
+        "CPU-s | cores for 100k GPUs (x2) | keeps up |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     ok = True
     for r in rows:
+        need = 100_000 * per_gpu / r["per_cpu_s"] * 2 if r["per_cpu_s"] else math.inf
         keeps = r["judged"] >= r["verdicts"] and r["max_lag_s"] <= 5.0
         ok = ok and keeps
-        print(f"| {r['partitions']} | {r['workers']} | {r['verdicts']:,} | {r['rate_in']:,.0f} | "
-              f"{r['judged_per_s']:,.0f} | {r['max_lag']:,} | {r['max_lag_s']:.1f} | "
-              f"{r['drain_s']:.1f} s | {', '.join(f'{x:,}' for x in r['shares'])} | "
-              f"{'yes' if keeps else 'MISSED'} |")  # fmt: skip
+        print(
+            f"| {r['partitions']} | {r['workers']} | {r['verdicts']:,} | {r['rate_in']:,.0f} | "
+            f"{r['judged_per_s']:,.0f} | {r['max_lag']:,} ({r['max_lag_s']:.1f} s) | "
+            f"{r['drain_s']:.1f} s | {', '.join(f'{x:,}' for x in r['shares'])} | "
+            f"{r['cpu_s']:.1f} | {r['per_cpu_s']:,.0f} | {need:.1f} | "
+            f"{'yes' if keeps else 'MISSED'} |"
+        )
     return 0 if ok else 1
 
 

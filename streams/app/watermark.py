@@ -148,23 +148,16 @@ class WatermarkSender:
     ) -> None:
         """Tell every correlator how far each job in each events partition of this worker
         has been judged (``clocks``: (partition, job) -> clock; changes only, all on
-        ``heartbeat``). A partition with no job yet reports itself, at clock -1. Call
-        after the verdicts are sent."""
-        nq = self.verdicts_partitions
-        lanes: dict[int, list[list[tuple[str | None, int]]]] = {
-            p: [[] for _ in range(nq)] for p in partitions
-        }
+        ``heartbeat``), a job's clock only to the verdicts partition of the job. A
+        partition with no job yet reports itself, at clock -1. Call after the verdicts
+        are sent."""
+        lanes: dict[int, list[tuple[str | None, int]]] = {p: [] for p in partitions}
         for (p, job), clock in sorted(clocks.items()):
-            lanes.setdefault(p, [[] for _ in range(nq)])[job_partition(job, nq)].append(
-                (job, clock)
-            )
-        for p, by_q in sorted(lanes.items()):
+            lanes.setdefault(p, []).append((job, clock))
+        for p, jobs in sorted(lanes.items()):
             idle = self.caught_up(p)
-            for q, jobs in enumerate(by_q):
-                # A job's clock goes to the one correlator that judges the job; a
-                # correlator no job of p maps to hears p as a whole (clock -1: holding
-                # while p has lag, as p may still hold any job in its backlog).
-                for job, clock in jobs or [(None, -1)]:
+            for job, clock in jobs or [(None, -1)]:
+                for q in self._targets(job):
                     wm = Watermark(
                         partition=p,
                         clock_us=clock,
@@ -178,3 +171,19 @@ class WatermarkSender:
                             continue
                     await self.send(q, str(p).encode(), encode_watermark(wm))
                     self.marks_sent[(p, job, q)] = wm
+            if heartbeat and jobs and self.verdicts_partitions > 1:
+                # the correlators none of p's jobs maps to hear p as a whole (clock -1:
+                # it holds them only while p has lag, its backlog may hold any job)
+                for q in set(range(self.verdicts_partitions)) - {
+                    job_partition(j, self.verdicts_partitions) for j, _ in jobs
+                }:
+                    wm = Watermark(partition=p, clock_us=-1, caught_up=idle,
+                                   verdicts_offset=self.verdicts_sent.get(q, -1))  # fmt: skip
+                    await self.send(q, str(p).encode(), encode_watermark(wm))
+
+    def _targets(self, job: str | None) -> range | tuple[int]:
+        """The verdicts partitions a mark goes to: a job's to the one correlator that
+        judges the job, a partition's own (no job) to every correlator."""
+        if job is None:
+            return range(self.verdicts_partitions)
+        return (job_partition(job, self.verdicts_partitions),)
