@@ -6,12 +6,21 @@ the two baselines of :mod:`bench.baselines` side by side, scores all three with
 :mod:`streams.scoring`, and prints one table row per (fault class and severity,
 detector)::
 
-    python -m bench.bench_quality                 # full suite: 108 runs, 128-1024 GPUs
+    python -m bench.bench_quality                 # full suite: 108 + 132 pipeline runs
     python -m bench.bench_quality --quick         # 2 runs per group (128, 256 GPUs), < 1 min
     python -m bench.bench_quality --markdown bench/results/quality.md --json runs.json
+    python -m bench.bench_quality --suite pipeline --steps 0.1,60 --only straggler
 
 Columns (see bench/README.md): detected, host (localized: right host and class),
 component (right GPU / NIC / link), wrong class, false isolations, latency p50/max.
+
+The *pipeline rows* (``--suite pipeline``; :data:`bench.scenarios.PIPELINE_GROUPS`):
+pipeline-parallel ZeRO jobs of 128-2048 GPUs at steps of 0.1, 1, 10 and 60 s, every
+fault class and benign event (stage imbalance, bubbles, static spread, checkpoint,
+congestion). Each run's trace is simulated once into a cache on disk and judged by
+``c4stream detect``'s core (:func:`detect_row`), for each input kind of :data:`INPUTS`
+(``raw``: the trace itself); rows print found on the right component, missed, false
+isolations and latency in seconds, detector windows and steps.
 """
 
 from __future__ import annotations
@@ -419,7 +428,7 @@ def trace_for(sc: ShapeScenario, cache: Path) -> tuple[Path, float]:
     if path.exists():
         return path, 0.0
     cache.mkdir(parents=True, exist_ok=True)
-    part = path.with_suffix(f".{os.getpid()}.part")
+    part = path.with_name(f"{path.name[:24]}.{os.getpid()}.part.jsonl.gz")  # gzip by name
     t0 = time.process_time()
     write_trace(sc.config, part)
     part.rename(path)  # atomic: a reader never sees half a trace

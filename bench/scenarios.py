@@ -9,6 +9,12 @@ after the hang so that the 10-minute watchdog baseline gets its chance to fire.
 
 Default: 6 seeds per group (108 runs); ``--quick``: 2 seeds at 128 and 256 GPUs.
 
+The *pipeline* suite (:func:`pipeline_suite`, :data:`PIPELINE_GROUPS`) is the shape of
+large-model training: TP 8 in a host, a 4-stage 1F1B pipeline (8 stages at 2,048 GPUs),
+ZeRO data parallel, ±1 % static GPU spread, at steps of 0.1, 1, 10 and 60 s, jobs of
+128-2,048 GPUs. Faults start after 20 s or 6 steps (whichever is longer) and are
+watched for 30 s or 8 steps (intermittent: 60 s or 20 steps; hangs: 90 s or 5 steps).
+
 Groups:
 
 ====================  ===============================================================

@@ -440,3 +440,32 @@ def test_every_new_scenario_is_valid_and_listed() -> None:
     for name in new:
         gt = ground_truth(SCENARIOS[name])
         assert gt.shape and gt.gpus == SCENARIOS[name].gpus
+
+
+def test_2000_collectives_per_second_per_rank_fit_a_short_step() -> None:
+    cfg = with_rate(BASE, 2000, step_s=0.2)
+    assert collectives_per_step(cfg) / measure_step_s(cfg) == pytest.approx(2000, rel=0.1)
+    assert measure_step_s(cfg) == pytest.approx(0.2, rel=0.15)
+
+
+def test_cli_simulate_a_pipeline_shape_at_a_step_and_rate(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from typer.testing import CliRunner
+
+    from c4stream.cli import app
+    from producers.traces import iter_events
+
+    out, truth = tmp_path / "t.jsonl.gz", tmp_path / "truth.json"
+    args = ["simulate", "-s", "pp_straggler", "--gpus", "64", "--duration", "1", "--step", "0.5"]
+    args += ["--rate", "300", "--out", str(out), "--truth", str(truth), "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    gt = json.loads(truth.read_text())
+    assert gt["shape"].startswith("1f1b pp=4") and gt["faults"][0]["stage"] == 3
+    n_ops = sum(1 for e in iter_events(out) if isinstance(e, OpEvent))
+    assert n_ops / 64 / 1 == pytest.approx(300, rel=0.25)
+    listed = CliRunner().invoke(app, ["simulate", "--list"])
+    assert "pp_slow_nic_pair" in listed.output and "long_step_straggler" in listed.output
+    bad = CliRunner().invoke(app, ["simulate", "-s", "healthy", "--rate", "300", "--out", str(out)])
+    assert bad.exit_code == 2 and "pipeline shape" in bad.output
