@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from producers.events import Event, OpEvent, encode_message
 from producers.simulator import FaultSpec, SimConfig, simulate
-from producers.summary import encode_summary_message, summarised
+from producers.summary import encode_summary_message, suggest_k, summarised
 from streams.app.deadletter import Record
 from streams.app.detect_runner import CommRouter
 from streams.app.engine import CoreEngine
@@ -232,12 +232,6 @@ QUALITY_HEADER = ["fault", "raw: isolated", "summarised: isolated", "raw false",
                   "raw latency", "summ. latency", "same, ≤ 1 window later"]  # fmt: skip
 
 
-def auto_k(rate: float) -> int:
-    """1 in k collectives whole: about one sample per rank per second, as a power of two
-    (the same k on every rank of a job: an exporter setting)."""
-    return 1 << max(0, round(math.log2(max(1.0, rate))))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default=",".join(map(str, RATES)))
@@ -253,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rates = [float(x) for x in args.rates.split(",")]
     rows: list[Measured] = []
     for rate in rates:
-        k = args.k or auto_k(rate)
+        k = args.k or suggest_k(rate)
         cfg = sim_config(rate, hosts=args.hosts, gpus_per_host=args.gpus_per_host,
                          duration_s=args.duration)  # fmt: skip
         raw, sm = measure(cfg, rate, k, args.every)
@@ -286,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"worker cores (headroom x{args.headroom:g}): {cores:.1f} "
               f"{'met' if cores_ok else 'MISSED'}")  # fmt: skip
     if args.quality:
-        k = args.quality_k or args.k or auto_k(TARGET_RATE)
+        k = args.quality_k or args.k or suggest_k(TARGET_RATE)
         print(
             f"\nQuality at {TARGET_RATE:,} collectives/s/rank, raw beside summarised "
             f"(k={k}, summary every {args.every} s; 32 GPUs, 30 s, DetectionPipeline):\n"

@@ -394,7 +394,21 @@ def plain(table: Sequence[Sequence[str]]) -> str:
 InputMaker = Callable[[ShapeScenario, Path], Path]
 """Given a run and its raw trace, the input file to judge (may be written next to it)."""
 
-INPUTS: dict[str, InputMaker] = {"raw": lambda sc, trace: trace}
+
+def _summarised(sc: ShapeScenario, trace: Path) -> Path:
+    """What exporters with windows at the source send for the run (docs/summaries.md:
+    k from the trace's rate, one summary per rank per 2 s), cached beside the trace."""
+    from producers.summary import summarise_trace
+
+    out = trace.with_name(trace.name.replace(".jsonl.gz", ".summarised.jsonl.gz"))
+    if not out.exists():
+        part = out.with_name(f"{out.name}.{os.getpid()}.part.jsonl.gz")
+        summarise_trace(trace, part)
+        part.rename(out)
+    return out
+
+
+INPUTS: dict[str, InputMaker] = {"raw": lambda sc, trace: trace, "summarised": _summarised}
 
 
 def _simulator_digest() -> str:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -78,6 +79,8 @@ __all__ = [
     "expand",
     "has_summaries",
     "is_sample",
+    "suggest_k",
+    "summarise_trace",
     "summarised",
     "sample_mask",
 ]
@@ -441,3 +444,44 @@ def summarised(
     for summ in by_source.values():
         for records, _ in summ.flush(force=True).values():
             yield records
+
+
+def suggest_k(collectives_per_rank_s: float) -> int:
+    """The 1-in-k that sends about one collective whole per rank and second: the power
+    of two nearest the rate (an exporter setting, the same on every host of a job)."""
+    import math
+
+    return 1 << max(0, round(math.log2(max(1.0, collectives_per_rank_s))))
+
+
+def summarise_trace(
+    src: str | Path, dst: str | Path, k: int | None = None, *, every: int = 2
+) -> tuple[int, int]:
+    """Write the trace exporters with summaries would have sent for a recorded one (each
+    line one host's events of one communicator over one interval, as the simulator and
+    the exporters write them); ``k`` None: :func:`suggest_k` of the trace's own rate.
+    Returns (k, lines written). Bad lines are left out."""
+    from producers.traces import TraceLine, TraceWriter, read_trace
+
+    def batches() -> Iterator[list[Event]]:
+        for item in read_trace(src):
+            if isinstance(item, TraceLine):
+                yield item.events
+
+    if k is None:
+        ops = 0
+        gpus: set[tuple[str, int | None, int | None]] = set()
+        lo, hi = I64_MAX, 0
+        for b in batches():
+            for ev in b:
+                if ev.__class__ is OpEvent:
+                    ops += 1
+                    # a GPU is in several communicators: its rate is theirs together
+                    gpus.add((ev.host, ev.gpu, None if ev.gpu is not None else ev.rank))
+                    lo, hi = min(lo, ev.ts_us), max(hi, ev.ts_us)
+        per_rank = ops / max(1, len(gpus)) / max(1e-6, (hi - lo) / 1e6) if ops else 1.0
+        k = suggest_k(per_rank)
+    with TraceWriter(dst) as out:
+        for records in summarised(batches(), k, every=every):
+            out.write(records)  # type: ignore[arg-type]
+        return k, out.lines
