@@ -253,3 +253,27 @@ def test_a_window_without_a_sample_is_held_then_forced_out() -> None:
     assert marks == {"file": 1} and _summary(recs).count == len(ops)
     st = ExpandStats()
     assert expand(recs, st) == [] and st.uncarried == 1  # totals with no carrier: counted
+
+
+def test_a_summarised_trace_reads_back_as_its_expanded_events(tmp_path: Path) -> None:
+    """``summarise_trace`` writes what exporters with summaries send; ``read_trace`` (what
+    ``c4stream detect`` and replay read) gives each line's expanded events."""
+    from producers.simulator import SimConfig, write_trace
+    from producers.summary import summarise_trace
+    from producers.traces import TraceLine, read_trace
+
+    cfg = SimConfig(hosts=2, gpus_per_host=4, tp=4, duration_s=4, iteration_s=0.02, seed=1)
+    raw = tmp_path / "raw.jsonl.gz"
+    write_trace(cfg, raw)
+    k, lines = summarise_trace(raw, tmp_path / "sum.jsonl.gz")
+    raw_lines = [x for x in read_trace(raw) if isinstance(x, TraceLine)]
+    ops = sum(e.__class__ is OpEvent for x in raw_lines for e in x.events)
+    assert k == 1 << round(np.log2(ops / cfg.gpus / 4))  # about one sample per GPU-second
+    got = list(read_trace(tmp_path / "sum.jsonl.gz"))
+    assert len(got) == lines and all(isinstance(x, TraceLine) for x in got)
+    events = [e for x in got for e in x.events]  # type: ignore[union-attr]
+    assert not any(isinstance(e, SummaryEvent) for e in events)
+    want = [
+        e for recs in summarised([x.events for x in raw_lines], k, every=2) for e in expand(recs)
+    ]
+    assert events == want and len(events) < ops / 10
