@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import IO
 
 from producers.events import Event, EventDecodeError, decode_message, encode_message
+from producers.summary import decode_expanded, has_summaries
 
 __all__ = ["BadLine", "TraceLine", "TraceWriter", "iter_events", "read_trace"]
 
@@ -91,7 +92,13 @@ def read_trace(path: str | Path) -> Iterator[TraceLine | BadLine]:
                 try:
                     yield TraceLine(name, lineno, line, decode_message(line))
                 except EventDecodeError as err:
-                    yield BadLine(name, lineno, line, str(err))
+                    if not has_summaries(line):
+                        yield BadLine(name, lineno, line, str(err))
+                        continue
+                    try:  # a line of summaries and samples: judged as its events
+                        yield TraceLine(name, lineno, line, decode_expanded(line))
+                    except EventDecodeError as err2:
+                        yield BadLine(name, lineno, line, str(err2))
         except (EOFError, gzip.BadGzipFile) as err:
             yield BadLine(name, lineno + 1, b"", f"truncated or corrupt gzip stream: {err}")
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
@@ -38,7 +39,7 @@ from c4base.metrics import MetricsLike, NullMetrics
 from c4base.signing import load_key, signed_event_headers
 from c4base.topics import Topics
 from producers.columnar import WireFormat, encode_batch
-from producers.events import Event, edge_problem, encode_message
+from producers.events import Event, OpEvent, edge_problem, encode_message
 from producers.exporter.positions import FilePosition, PositionStore
 from producers.exporter.publisher import Publisher, PublisherConfig, PublisherStopped
 from producers.exporter.tail import DirectoryTailer, Line, ReadPosition
@@ -49,6 +50,7 @@ from producers.formats.inspector import (
     parse_inspector_line,
 )
 from producers.guard import MAX_FUTURE_SKEW_US, MAX_NRANKS, host_problem
+from producers.summary import Summariser
 
 __all__ = ["Exporter", "ExporterConfig", "ExporterStats"]
 
@@ -98,6 +100,13 @@ class ExporterConfig:
     max_past_skew_s: float = 0.0
     """...or further behind it (0: no bound; a restarted exporter may catch up on an
     old dump, and the worker judges lateness by the job's own clock)."""
+    summary_k: int = 0
+    """Windows at the source (:mod:`producers.summary`): > 0 sends per communicator, rank
+    and interval one ``summary`` record plus every collective whose seq is picked 1 in
+    ``summary_k`` (the same seqs on every rank) whole; 0 sends every collective."""
+    summary_intervals: int = 1
+    """With summaries: one summary per rank per this many intervals (fewer records; its
+    samples wait for it, so detection is up to this many intervals later)."""
 
     def __post_init__(self) -> None:
         encode_batch([], self.format)  # an unknown format is a config error, said at once
@@ -110,6 +119,8 @@ class ExporterConfig:
                     "signs only its own host's events)"
                 )
             load_key(self.signing_key_file)  # missing, short, readable by others: say so now
+        if self.summary_k < 0 or self.summary_intervals < 1:
+            raise ValueError("summary_k must be >= 0 (0: no summaries), summary_intervals >= 1")
         if self.max_nranks < 1 or self.max_future_skew_s < 0 or self.max_past_skew_s < 0:
             raise ValueError("max_nranks must be >= 1 and the skews >= 0")
         # Frozen: resolve the defaults once, so every reader sees the prefixed names.
@@ -140,8 +151,10 @@ class _Unit:
     value: bytes = b""
     parts: list[bytes] = field(default_factory=list)
     """Encoded events of a JSON batch; bytes, not event objects, so the GC has less to walk."""
-    events: list[Event] = field(default_factory=list)
-    """Events of an Arrow batch (encoded as columns when sent)."""
+    events: list[Any] = field(default_factory=list)
+    """Events of an Arrow batch (encoded as columns when sent); with summaries too."""
+    summary: bool = False
+    """Holds summary records (windows at the source): encoded with their columns."""
     headers: list[tuple[str, bytes]] | None = None
     nbytes: int = 0
     first: dict[str, ReadPosition] = field(default_factory=dict)
@@ -192,9 +205,15 @@ class Exporter:
         self._retry: list[_Unit] = []
         self._last_publish = clock()
         self._stopping = False
+        self._closing = False
         self._arrow = config.format == "arrow"
         self._key = load_key(config.signing_key_file) if config.signing_key_file else None
         self._warned: set[str] = set()
+        self._summ = (
+            Summariser(config.summary_k, every=config.summary_intervals)
+            if config.summary_k > 0
+            else None
+        )
         self.stats = ExporterStats()
 
     # ------------------------------------------------------------------ steps
@@ -217,6 +236,7 @@ class Exporter:
 
     def close(self) -> None:
         """Publish what is pending, wait for it, save positions, release files."""
+        self._closing = True  # open summary windows close now
         try:
             self._publish_cycle()
         finally:
@@ -240,6 +260,10 @@ class Exporter:
         if refused is not None:
             self.stats.refused += 1
             self._dead_letter(line, refused)
+            return
+        if self._summ is not None and isinstance(ev, OpEvent):
+            self._summ.add(ev, (line.key, ReadPosition(line.start, line.lineno - 1)))
+            self.stats.events += 1
             return
         unit = self._batches.get(ev.comm)
         if unit is None:
@@ -302,7 +326,12 @@ class Exporter:
         self._send(unit)
 
     def _send_batch(self, unit: _Unit) -> None:
-        if self._arrow:
+        if unit.summary and self._arrow:
+            from producers.summary_arrow import encode_arrow_with_summaries
+
+            unit.value, unit.headers = encode_arrow_with_summaries(unit.events)
+            unit.events = []
+        elif self._arrow:
             unit.value, unit.headers = encode_batch(unit.events, "arrow")
             unit.events = []
         else:
@@ -352,6 +381,9 @@ class Exporter:
         batches, self._batches = self._batches, {}
         for unit in batches.values():
             self._send_batch(unit)
+        if self._summ is not None:
+            for unit in self._summary_units(force=self._closing):
+                self._send_batch(unit)
         left = self._publisher.flush(self.config.flush_timeout_s)
         if left:
             log.warning(
@@ -359,8 +391,26 @@ class Exporter:
             )
         self._save_positions()
 
+    def _summary_units(self, force: bool) -> list[_Unit]:
+        """The summariser's closed windows: one message per communicator (samples, then
+        a summary per rank)."""
+        assert self._summ is not None
+        units = []
+        for comm, (records, marks) in self._summ.flush(force=force).items():
+            unit = _Unit(self.config.events_topic, comm.encode(), summary=True)
+            if self._arrow:
+                unit.events = list(records)
+            else:
+                unit.parts = [_encode_event(r) for r in records]
+            unit.first = dict(marks)
+            unit.ts_us = max(r.ts_us for r in records)
+            units.append(unit)
+        return units
+
     def _save_positions(self) -> None:
         pending = [*self._inflight, *self._batches.values()]
+        if self._summ is not None:  # windows still open hold their first lines back
+            pending += [_Unit("", None, first=m) for m in self._summ.held_marks()]
         files: dict[str, FilePosition] = {}
         for key, (path, read_pos, head, head_len) in self._tailer.read_positions().items():
             pos = min((u.first[key] for u in pending if key in u.first), default=read_pos)

@@ -14,16 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from producers.columnar import decode_events
+from producers.summary import decode_expanded
 from streams.commands import decode_command
 from streams.verdicts import decode_verdict
 
 __all__ = ["DECODERS"]
 
 #: dataset -> decoder of (message value, its ``content-type`` header); events come as a
-#: JSON array or an Arrow IPC batch (:mod:`producers.columnar`).
+#: JSON array or an Arrow IPC batch (:mod:`producers.columnar`); a message with summaries
+#: is archived as the events it expands to (:mod:`producers.summary`).
 DECODERS: dict[str, Callable[[bytes, bytes | None], list[Any]]] = {
-    "events": decode_events,
+    "events": decode_expanded,
     "verdicts": lambda data, _ct: [decode_verdict(data)],
     "isolations": lambda data, _ct: [decode_command(data)],
 }

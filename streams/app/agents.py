@@ -1,7 +1,9 @@
 """The two Faust agents, their timer and their rebalance/shutdown hooks.
 
 Agent ``detect`` on ``c4.events`` (key = communicator): ``take_events`` batches →
-:class:`~streams.app.detect_runner.CommRouter` → verdicts to ``c4.verdicts`` keyed by host.
+:class:`~streams.app.detect_runner.CommRouter` → verdicts to ``c4.verdicts`` keyed by job,
+on partition :func:`~streams.app.watermark.job_partition` (so each job is judged whole by
+one correlator, and several correlators share the jobs).
 Each verdict carries header ``c4-clock-us`` (its partition's event-time clock when it was
 concluded). After each batch, and every ``tick_s`` for all its partitions, agent ``detect``
 publishes each partition's clock, whether it has consumer lag, and the offset of its last
@@ -35,7 +37,7 @@ from streams.app.faust_adapter import ConsumerView
 from streams.app.runner import Output
 from streams.app.settings import COMM_TABLE, CORRELATOR_TABLE, WorkerConfig
 from streams.app.trust import CommandSigner, EventTrust
-from streams.app.watermark import WatermarkSender
+from streams.app.watermark import WatermarkSender, job_partition
 from streams.commands import encode_command
 from streams.verdicts import encode_verdict
 
@@ -192,8 +194,9 @@ def register_agents(
         ]
         sent = [
             await verdicts_t.send(
-                key=v.host.encode(),
+                key=v.job.encode(),
                 value=data,
+                partition=job_partition(v.job, config.verdicts_partitions),
                 headers=[(CLOCK_HEADER, str(clock).encode())],
             )
             for v, data, clock in encoded

@@ -34,6 +34,7 @@ from producers.guard import (
     MAX_NRANKS,
     MAX_PAST_SKEW_US,
 )
+from producers.summary import ExpandStats, has_summaries
 from streams.app.column_intake import (
     INFLIGHT_SLACK_US,
     BlockFacts,
@@ -46,6 +47,7 @@ from streams.app.column_intake import (
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import DetectorLike, Engine
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
+from streams.app.summary_intake import summary_events
 from streams.app.trust import EventTrust, signature_refusal
 from streams.core import CommDetector
 from streams.core.group import cut_many, fold_many
@@ -306,6 +308,8 @@ class CommRouter(StateRunner[str]):
         self._ops: OpState = {}
         self.contested: dict[str, tuple[int, str]] = {}
         """Communicator -> (event time until which its verdicts are alert-only, why)."""
+        self.summaries = ExpandStats()
+        """Summary records read (windows at the source) and how their totals were carried."""
 
     def partition_clock(self, p: int) -> int:
         """Newest clock of any job in partition ``p`` (-1: none)."""
@@ -406,7 +410,7 @@ class CommRouter(StateRunner[str]):
                 out.deadletters.append(dead_letter(rec, item))
             elif isinstance(item, int):
                 accepted[item] = self._accept_rows(rec, block, item, facts, checks, out)  # type: ignore[arg-type]
-            else:
+            elif item or not has_summaries(rec.value):  # summaries alone: nothing to judge
                 self._accept(rec, item, out)
         if block is not None:
             checks.commit(accepted)
@@ -436,14 +440,20 @@ class CommRouter(StateRunner[str]):
             signature_refusal(self.trust, rec) if ok else None
             for rec, ok in zip(records, sized, strict=True)
         ]
+        summed = [
+            ok and not bad and has_summaries(rec.value)
+            for rec, ok, bad in zip(records, sized, unsigned, strict=True)
+        ]
         decoded, block = decode_block(
             [
-                (rec.value, rec.content_type) if ok and not bad else (b"", None)
-                for rec, ok, bad in zip(records, sized, unsigned, strict=True)
+                (rec.value, rec.content_type) if ok and not bad and not s else (b"", None)
+                for rec, ok, bad, s in zip(records, sized, unsigned, summed, strict=True)
             ]
         )
         items: list[list[Event] | EventDecodeError | int | str] = list(decoded)
         for i, (rec, ok, bad) in enumerate(zip(records, sized, unsigned, strict=True)):
+            if summed[i]:  # windows at the source: judged as the events they expand to
+                items[i] = summary_events(rec, self.summaries)
             if not ok:
                 items[i] = EventDecodeError(
                     f"{len(rec.value)} bytes is over the limit of {lim.max_message_bytes}"

@@ -11,6 +11,7 @@ of its events partitions has been judged (:class:`WatermarkSender`), and agent
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
@@ -18,7 +19,25 @@ import msgspec
 
 from producers.guard import BoundsError, check_bounds
 
-__all__ = ["Watermark", "WatermarkSender", "decode_watermark", "encode_watermark"]
+__all__ = [
+    "Watermark",
+    "WatermarkSender",
+    "decode_watermark",
+    "encode_watermark",
+    "job_partition",
+]
+
+
+def job_partition(job: str, partitions: int) -> int:
+    """The ``c4.verdicts`` partition of a job's verdicts (and of its watermarks): a
+    stable hash (CRC-32, the same in every process and release), so that one correlator
+    sees the whole of a job (its cap on isolated hosts, its job-wide-stop rail) and
+    several correlators share the jobs.
+
+    >>> job_partition("job-1", 1), job_partition("job-1", 8) == job_partition("job-1", 8)
+    (0, True)
+    """
+    return zlib.crc32(job.encode()) % partitions
 
 
 class Watermark(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -129,15 +148,16 @@ class WatermarkSender:
     ) -> None:
         """Tell every correlator how far each job in each events partition of this worker
         has been judged (``clocks``: (partition, job) -> clock; changes only, all on
-        ``heartbeat``). A partition with no job yet reports itself, at clock -1. Call
-        after the verdicts are sent."""
+        ``heartbeat``), a job's clock only to the verdicts partition of the job. A
+        partition with no job yet reports itself, at clock -1. Call after the verdicts
+        are sent."""
         lanes: dict[int, list[tuple[str | None, int]]] = {p: [] for p in partitions}
         for (p, job), clock in sorted(clocks.items()):
             lanes.setdefault(p, []).append((job, clock))
         for p, jobs in sorted(lanes.items()):
             idle = self.caught_up(p)
             for job, clock in jobs or [(None, -1)]:
-                for q in range(self.verdicts_partitions):  # every correlator needs every clock
+                for q in self._targets(job):
                     wm = Watermark(
                         partition=p,
                         clock_us=clock,
@@ -151,3 +171,19 @@ class WatermarkSender:
                             continue
                     await self.send(q, str(p).encode(), encode_watermark(wm))
                     self.marks_sent[(p, job, q)] = wm
+            if heartbeat and jobs and self.verdicts_partitions > 1:
+                # the correlators none of p's jobs maps to hear p as a whole (clock -1:
+                # it holds them only while p has lag, its backlog may hold any job)
+                for q in set(range(self.verdicts_partitions)) - {
+                    job_partition(j, self.verdicts_partitions) for j, _ in jobs
+                }:
+                    wm = Watermark(partition=p, clock_us=-1, caught_up=idle,
+                                   verdicts_offset=self.verdicts_sent.get(q, -1))  # fmt: skip
+                    await self.send(q, str(p).encode(), encode_watermark(wm))
+
+    def _targets(self, job: str | None) -> range | tuple[int]:
+        """The verdicts partitions a mark goes to: a job's to the one correlator that
+        judges the job, a partition's own (no job) to every correlator."""
+        if job is None:
+            return range(self.verdicts_partitions)
+        return (job_partition(job, self.verdicts_partitions),)

@@ -1,0 +1,64 @@
+"""Watermarks follow the job's verdicts partition (issue 22, item 3), broker-free."""
+
+from __future__ import annotations
+
+import asyncio
+
+from streams.app.watermark import Watermark, WatermarkSender, decode_watermark, job_partition
+
+
+class _Offsets:
+    def highwater(self, topic: str, partition: int) -> int | None:
+        return 10
+
+    def committed(self, topic: str, partition: int) -> int | None:
+        return 10
+
+
+def _sent(
+    q: int, clocks: dict[tuple[int, str], int], parts: list[int]
+) -> list[tuple[int, Watermark]]:
+    out: list[tuple[int, Watermark]] = []
+
+    async def send(part: int, key: bytes, value: bytes) -> None:
+        out.append((part, decode_watermark(value)))
+
+    s = WatermarkSender("ev", q, _Offsets(), send)
+    asyncio.run(s.send_all(parts, clocks, heartbeat=True))
+    return out
+
+
+def test_job_partition_is_stable_and_spreads_jobs() -> None:
+    # CRC-32: the same in every process (not Python's salted hash)
+    assert [job_partition(f"job-{i}", 8) for i in range(6)] == [
+        job_partition(f"job-{i}", 8) for i in range(6)
+    ]
+    assert job_partition("job-0", 1) == 0
+    assert len({job_partition(f"job-{i}", 8) for i in range(64)}) == 8
+
+
+def test_a_jobs_marks_go_to_its_correlator_and_the_others_hear_the_partition() -> None:
+    q = 4
+    jobs = {}
+    i = 0
+    while len(jobs) < 2:  # two jobs on two different verdicts partitions
+        jobs.setdefault(job_partition(f"j{i}", q), f"j{i}")
+        i += 1
+    (qa, a), (qb, b) = sorted(jobs.items())
+    sent = _sent(q, {(0, a): 100, (0, b): 200, (1, a): 50}, [0, 1, 2])
+    by = {(p, w.partition, w.job): w.clock_us for p, w in sent}
+    assert by[(qa, 0, a)] == 100 and by[(qb, 0, b)] == 200 and by[(qa, 1, a)] == 50
+    # a job's clock never reaches a correlator that does not judge it
+    assert all(w.job is None or job_partition(w.job, q) == p for p, w in sent)
+    # every correlator hears every events partition (a partition with no job for it:
+    # a mark of the partition as a whole, clock -1, so that it holds only while lagging)
+    for p in range(q):
+        assert {w.partition for qq, w in sent if qq == p} == {0, 1, 2}
+    assert all(w.clock_us == -1 for p, w in sent if w.job is None)
+
+
+def test_one_verdicts_partition_gets_every_mark_as_before() -> None:
+    sent = _sent(1, {(0, "x"): 7, (1, "y"): 9}, [0, 1, 2])
+    assert sorted((w.partition, w.job, w.clock_us) for _, w in sent) == [
+        (0, "x", 7), (1, "y", 9), (2, None, -1),
+    ]  # fmt: skip
