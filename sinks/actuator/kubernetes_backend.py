@@ -560,6 +560,12 @@ class KubernetesBackend:
                 timeout=self.s.request_timeout_s,
             )
         except Exception as err:
+            if getattr(err, "status", None) == 404:  # the API itself, not a node, is missing
+                raise ActuatorConfigError(
+                    'gpu_isolation = "device" but the API server serves no '
+                    "resource.k8s.io/v1 resourceslices (Kubernetes >= 1.37): set "
+                    'gpu_isolation = "node"'
+                ) from err
             raise self._classify(node, "list ResourceSlices of", err, _RBAC_DRA) from err
         return find_device(
             found.get("items") or [],
