@@ -23,7 +23,8 @@ a deleted pod bound to a node stays terminating until a test finishes it
 collector and the taint-eviction controllers do run.
 
 When the binaries are missing (no Go, the build failed or was never run) every test that
-takes the fixture skips and says so.
+takes the fixture skips and says so; without the two controllers' binaries the server
+starts without them and the tests that need them skip (:meth:`KubeCluster.need_controllers`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ __all__ = ["KubeCluster", "kube_cluster", "node_manifest"]
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools" / "kube-apiserver"
 K8S = ROOT / "compose" / "k8s"
-BINARIES = ("kube-apiserver", "etcd", "kubectl", "kube-controller-manager", "kube-scheduler")
+BINARIES = ("kube-apiserver", "etcd", "kubectl")
+CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
 ACTUATOR_SA = ("c4stream", "c4stream-actuator")
 _NOT_READY = "node.kubernetes.io/not-ready"
 _UNREACHABLE = "node.kubernetes.io/unreachable"
@@ -112,6 +114,16 @@ class KubeCluster:
     """A token of the actuator's service account, with the shipped RBAC and policy."""
     version: str
     bin: Path
+    controllers: bool
+    """kube-controller-manager and kube-scheduler run (their binaries were built)."""
+
+    def need_controllers(self) -> None:
+        """Skip a test that needs the Job controller, the scheduler or the type checker."""
+        if not self.controllers:
+            pytest.skip(
+                f"no {' / '.join(CONTROLLERS)} in {self.bin}: "
+                "tools/kube-apiserver/install.sh --with-controllers builds them"
+            )
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, as_actuator: bool = False
@@ -161,12 +173,16 @@ class KubeCluster:
             keys = {t["key"] for t in node["spec"].get("taints") or []}
             return None if keys & {_NOT_READY, _UNREACHABLE} else node
 
+        if not self.controllers:  # nobody would lift it: do it as the controller would
+            self.kubectl("taint", "node", name, f"{_NOT_READY}:NoSchedule-", check=False)
         return dict(self.wait(f"node {name} without {_NOT_READY}", settled, timeout=60))
 
     def namespace(self, prefix: str = "t") -> str:
         """A fresh namespace with its ``default`` ServiceAccount."""
         ns = f"{prefix}-{uuid.uuid4().hex[:8]}"
         self.kubectl("create", "namespace", ns)
+        if not self.controllers:  # the service-account controller would make it
+            self.kubectl("create", "serviceaccount", "default", "-n", ns)
         deadline = time.monotonic() + 30
         while self.kubectl("get", "sa", "default", "-n", ns, check=False).returncode != 0:
             if time.monotonic() > deadline:
@@ -234,7 +250,7 @@ def _missing() -> str | None:
     if absent:
         return (
             f"no {', '.join(absent)} in {b}: the Kubernetes tests need a real kube-apiserver "
-            "(./run test builds it with Go once: tools/kube-apiserver/install.sh "
+            "(./run test builds it with Go once, 20-30 min: tools/kube-apiserver/install.sh "
             "--with-controllers)"
         )
     if not shutil.which("openssl"):
@@ -245,8 +261,9 @@ def _missing() -> str | None:
 def start_cluster(workdir: Path) -> KubeCluster:
     """Start the servers in ``workdir`` and install the shipped manifests (see module doc)."""
     env = {**os.environ, "C4K8S_BIN": str(bin_dir())}
+    controllers = all((bin_dir() / n).is_file() for n in CONTROLLERS)
     proc = subprocess.run(
-        [str(TOOLS / "start.sh"), str(workdir), "--with-controllers"],
+        [str(TOOLS / "start.sh"), str(workdir), *(["--with-controllers"] if controllers else [])],
         capture_output=True,
         text=True,
         timeout=240,
@@ -264,6 +281,7 @@ def start_cluster(workdir: Path) -> KubeCluster:
         actuator_kubeconfig=workdir / "actuator.kubeconfig",
         version=version,
         bin=bin_dir(),
+        controllers=controllers,
     )
     for name in MANIFESTS:
         cluster.kubectl("apply", "-f", str(K8S / name))

@@ -139,8 +139,8 @@ def raw_call(
     from kubernetes.client.exceptions import ApiException
 
     headers = {"Accept": "application/json"}
-    if content_type:
-        headers["Content-Type"] = content_type
+    if content_type or body is not None:
+        headers["Content-Type"] = content_type or "application/json"
     params = list((query or {}).items())
     if hasattr(api_client, "param_serialize"):  # the newer generated client (v34+ style)
         req = api_client.param_serialize(
@@ -449,8 +449,8 @@ class KubernetesBackend:
                 )
         if device is not None:
             assert effect is not None and cmd.gpu is not None
+            current = self._read(node)  # first: no rule for a node that does not exist
             rule, spec_changed, effect = self._taint_device(node, device, effect, cmd.fault)
-            current = self._read(node)
             what.append(
                 f"GPU {cmd.gpu} ({device.driver}/{device.pool}/{device.name}) tainted "
                 f"{self.s.taint_key}={cmd.fault}:{effect} by DeviceTaintRule {rule}, "

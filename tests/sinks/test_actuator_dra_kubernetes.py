@@ -145,6 +145,7 @@ def test_a_one_gpu_straggler_leaves_seven_gpus_allocatable_and_the_node_schedula
     assert cond["reason"] == "Straggler"  # the node still says why
 
     # Eight pods each claim one GPU of this node: the scheduler places seven, never on gpu-2.
+    kube.need_controllers()
     ns = kube.namespace("dra")
     for i in range(8):
         kube.create(

@@ -334,7 +334,7 @@ def test_check_verifies_every_permission_and_names_the_missing_manifest(
     assert node_only.returncode == 0, node_only.stderr  # nodes only: enough
     no_dra = _check(kube, partial, "--gpu-isolation", "device")
     assert no_dra.returncode == 2
-    assert "list resourceslices.resource.k8s.io: DENIED" in no_dra.stdout
+    assert "not allowed to list resourceslices.resource.k8s.io" in no_dra.stderr
     assert "apply compose/k8s/rbac-actuator-dra.yaml" in no_dra.stderr
     no_restart = _check(kube, partial, "--restart-jobs", "llm-*")
     assert no_restart.returncode == 2, no_restart.stdout

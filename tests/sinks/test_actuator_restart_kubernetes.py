@@ -77,6 +77,7 @@ class Setup:
         return Actuator(ActuatorConfig(execute=True), be, led, restart=hook)
 
     def job(self, name: str, *, ignore_disruptions: bool = True) -> None:
+        self.kube.need_controllers()  # the Job controller and the scheduler
         spec: dict[str, Any] = {
             "parallelism": 1,
             "completions": 1,

@@ -311,6 +311,7 @@ def test_device_taint_rules_only_for_one_device_with_its_own_key(
 @pytest.mark.kubernetes
 def test_the_policies_type_check_without_warnings(kube_cluster: KubeCluster) -> None:
     kube = kube_cluster
+    kube.need_controllers()  # kube-controller-manager writes status.typeChecking
 
     def checked() -> dict[str, Any] | None:
         out = {}
