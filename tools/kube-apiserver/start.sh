@@ -8,6 +8,10 @@
 # pids (what stop.sh kills) and admin.kubeconfig (system:masters), whose path is printed
 # last on stdout. Ports are free ones picked now, or APISERVER_PORT / ETCD_PORT.
 # Authorization Node,RBAC; admission includes ValidatingAdmissionPolicy (GA since 1.30).
+# --endpoint-reconciler-type none: from 1.37 kube-apiserver refuses to start when it
+# advertises a loopback address with the default (lease) reconciler of the "kubernetes"
+# Service's endpoints ("may not be in the loopback range"; 1.34 only logged it). No pod
+# here needs that Service.
 # DRA device taints (resource.k8s.io/v1 DeviceTaintRule, feature gates DRADeviceTaints and
 # DRADeviceTaintRules) are GA and on by default in 1.37, so no gate is set here; for an
 # older version pass them yourself, e.g.
@@ -60,6 +64,7 @@ nohup "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$EP" \
   --service-account-key-file "$P/sa.pub" --service-account-signing-key-file "$P/sa.key" \
   --service-cluster-ip-range 10.0.0.0/24 \
   --authorization-mode Node,RBAC \
+  --endpoint-reconciler-type none \
   --enable-admission-plugins NodeRestriction,ValidatingAdmissionPolicy \
   --profiling=false ${C4K8S_APISERVER_ARGS:-} >"$W/kube-apiserver.log" 2>&1 &
 echo "$!" >>"$W/pids"
@@ -108,5 +113,5 @@ for _ in $(seq 120); do
   fi
   sleep 1
 done
-echo "start.sh: not ready after 120 s" >&2; tail -5 "$W/etcd.log" "$W/kube-apiserver.log" >&2
+echo "start.sh: not ready after 120 s" >&2; tail -n 5 "$W/etcd.log" "$W/kube-apiserver.log" >&2
 "$HERE/stop.sh" "$W"; exit 1
