@@ -90,6 +90,8 @@ def _set_failure_policy(kube: KubeCluster, fp: str) -> None:
 
 def _canary(kube: KubeCluster) -> str:
     """A node and a policy whose only validation always fails to evaluate."""
+    if kube.kubectl("get", "node", "c4-canary", check=False).returncode != 0:
+        kube.add_node("c4-canary")  # first: the policy would refuse the node's own set-up
     kube.apply(
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -122,8 +124,6 @@ def _canary(kube: KubeCluster) -> str:
             "spec": {"policyName": "c4stream-test-canary", "validationActions": ["Deny"]},
         }
     )
-    if kube.kubectl("get", "node", "c4-canary", check=False).returncode != 0:
-        kube.add_node("c4-canary")
     return "c4-canary"
 
 
@@ -156,9 +156,10 @@ class Actor:
         self.settings = KubernetesSettings(kubeconfig=str(kube.actuator_kubeconfig))
         self.client = load_api_client(self.settings)
 
-    def send(self, method: str, path: str, body: Any, ctype: str = MERGE) -> tuple[int, str]:
+    def send(self, method: str, path: str, body: Any, ctype: str = "") -> tuple[int, str]:
         from kubernetes.client.exceptions import ApiException
 
+        ctype = ctype or (MERGE if method == "PATCH" else "application/json")
         try:
             raw_call(self.client, method, path, body=body, content_type=ctype, timeout=10)
         except ApiException as err:
