@@ -27,6 +27,9 @@ Requests (``compose/k8s/rbac-actuator-restart.yaml`` grants exactly these):
 - ``GET /api/v1/namespaces/{ns}/pods?labelSelector=…`` — all the job's pods: a restart
   is already in progress when one is ``Pending`` or being deleted (e.g. evicted by the
   ``NoExecute`` taint of ``cordon_and_taint``, which restarts the job by itself);
+- ``GET /api/v1/namespaces/{ns}/pods?fieldSelector=metadata.name=…`` — the pod is still
+  the one listed (same uid) just before its eviction: the Eviction API would retry a
+  failed uid precondition for 10 s before answering 409;
 - ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` with ``deleteOptions.preconditions.uid``
   (``method = "delete"``: ``DELETE …/pods/{name}`` with the same precondition): only the
   pod that was listed goes, never a replacement that took its name. 404 (gone already)
@@ -163,6 +166,22 @@ class KubernetesRestarter:
             + "; a NoExecute taint evicts the pods by itself)"
         )
 
+    def _same_pod(self, name: str, uid: str) -> bool:
+        """Whether pod ``name`` is still the one listed (``uid``). Asked before an eviction
+        because the Eviction API retries a failed uid precondition for 10 s before it
+        answers 409; a list by name needs no permission beyond the plan's."""
+        try:
+            resp = self._core.list_namespaced_pod(
+                self.s.namespace,
+                field_selector=f"metadata.name={name}",
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            )
+        except Exception as err:
+            raise self._classify(f"list pod {name}", err) from err
+        items = json.loads(resp.data).get("items") or []
+        return any((p.get("metadata") or {}).get("uid") == uid for p in items)
+
     @property
     def _verb(self) -> str:
         return "evict" if self.s.method == "evict" else "delete"
@@ -201,6 +220,9 @@ class KubernetesRestarter:
                 opts["preconditions"] = {"uid": uid}
             if self.s.grace_period_s is not None:
                 opts["gracePeriodSeconds"] = self.s.grace_period_s
+            if uid and self.s.method == "evict" and not self._same_pod(name, uid):
+                gone.append(name)  # deleted, or replaced by a pod of the same name
+                continue
             try:
                 if self.s.method == "evict":
                     self._core.create_namespaced_pod_eviction(
@@ -213,7 +235,9 @@ class KubernetesRestarter:
                             "deleteOptions": opts,
                         },
                         _preload_content=False,
-                        _request_timeout=self.timeout_s,
+                        # The API server retries an eviction that conflicts (a pod status
+                        # update in between) for up to 10 s before it answers.
+                        _request_timeout=max(self.timeout_s, 15.0),
                     )
                 else:
                     self._core.delete_namespaced_pod(
