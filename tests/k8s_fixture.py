@@ -53,6 +53,7 @@ CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
 ACTUATOR_SA = ("c4stream", "c4stream-actuator")
 _NOT_READY = "node.kubernetes.io/not-ready"
 _UNREACHABLE = "node.kubernetes.io/unreachable"
+_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 #: The manifests applied at start, in order (a user's install: RBAC, then the policy).
 MANIFESTS = (
     "rbac-actuator.yaml",
@@ -176,6 +177,18 @@ class KubeCluster:
         if not self.controllers:  # nobody would lift it: do it as the controller would
             self.kubectl("taint", "node", name, f"{_NOT_READY}:NoSchedule-", check=False)
         return dict(self.wait(f"node {name} without {_NOT_READY}", settled, timeout=60))
+
+    def settle_cordon(self, name: str) -> None:
+        """Wait until the node-lifecycle controller has mirrored a cordon as the taint
+        node.kubernetes.io/unschedulable (when it runs), so the node stays as it is."""
+        if not self.controllers:
+            return
+
+        def mirrored() -> bool:
+            node = self.get("node", name)
+            return any(t["key"] == _UNSCHEDULABLE for t in node["spec"].get("taints") or [])
+
+        self.wait(f"node {name}'s {_UNSCHEDULABLE} taint", mirrored, timeout=60)
 
     def namespace(self, prefix: str = "t") -> str:
         """A fresh namespace with its ``default`` ServiceAccount."""
