@@ -85,7 +85,10 @@ def taints(kube: KubeCluster, node: str) -> list[dict[str, Any]]:
 
 
 def node_events(kube: KubeCluster, node: str, ns: str = "default") -> list[dict[str, Any]]:
-    return kube.items("events", "-n", ns, "--field-selector", f"involvedObject.name={node}")
+    """The actuator's Events on the node (kube-controller-manager posts its own, e.g.
+    RegisteredNode)."""
+    got = kube.items("events", "-n", ns, "--field-selector", f"involvedObject.name={node}")
+    return [e for e in got if e.get("reportingComponent") == "c4stream-actuator"]
 
 
 def condition(kube: KubeCluster, node: str, type_: str = "C4streamFaulty") -> dict[str, Any]:
