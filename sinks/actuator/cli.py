@@ -358,6 +358,14 @@ def actuate(
             for line in be.check():  # fail before consuming, not on the first command
                 svc.log.info("check: %s", line)
         restarter = make_restarter(cfg)
+        if (
+            cfg.execute
+            and cfg.check_at_start
+            and cfg.restart.execute
+            and isinstance(restarter, KubernetesRestarter)
+        ):
+            for line in restarter.check():  # its RBAC too, before the first restart needs it
+                svc.log.info("check: %s", line)
         with (
             Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led,
             RestartLog(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as restarts,
