@@ -17,7 +17,8 @@ import pytest
 from compose.local_broker import broker_for_tests, create_topics
 
 # Real Slurm (munged + slurmctld + one slurmd): the ``slurm_cluster`` fixture.
-pytest_plugins = ["tests.slurm_fixture"]
+# A real Kubernetes API server (etcd, kube-apiserver, controllers): ``kube_cluster``.
+pytest_plugins = ["tests.slurm_fixture", "tests.k8s_fixture"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

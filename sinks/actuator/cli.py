@@ -71,7 +71,7 @@ _HELP = (
     "RESTART AFTER ISOLATION is off by default and per job: --restart-jobs 'llm-*' restarts "
     "(dry run until --restart-execute) the job of a host once it was isolated, e.g. "
     "--requeue-template 'scontrol requeue {jobid}' --jobid-lookup 'squeue -h -w {host} -n "
-    "{job} -o %i'; on Kubernetes it deletes the job's pods on the node (--restart-pod-selector)."
+    "{job} -o %i'; on Kubernetes it evicts the job's pods on the node (--restart-pod-selector)."
 )
 
 
@@ -84,6 +84,11 @@ class BackendName(enum.StrEnum):
 class Effect(enum.StrEnum):
     NoExecute = "NoExecute"
     NoSchedule = "NoSchedule"
+
+
+class GpuIsolation(enum.StrEnum):
+    node = "node"
+    device = "device"
 
 
 def actuate(
@@ -163,7 +168,9 @@ def actuate(
         typer.Option(
             "--check",
             help="Verify the backend can act (Slurm: scontrol ping, show node, user; "
-            "Kubernetes: the RBAC it needs), print the result and exit (2 on failure).",
+            "Kubernetes: every permission the configured features need, restart and DRA "
+            "device taints included, naming the manifest that grants a missing one), print "
+            "the result and exit (2 on failure).",
         ),
     ] = False,
     kubeconfig: Annotated[
@@ -195,6 +202,16 @@ def actuate(
     event_namespace: Annotated[
         str, typer.Option("--event-namespace"), Key("kubernetes.event_namespace")
     ] = "default",
+    gpu_isolation: Annotated[
+        GpuIsolation,
+        typer.Option(
+            "--gpu-isolation",
+            help="Kubernetes: a one-GPU fault cordons the node (node) or taints only that GPU "
+            "with a DRA DeviceTaintRule (device; Kubernetes >= 1.37, rbac-actuator-dra.yaml). "
+            "--check says whether the cluster serves them.",
+        ),
+        Key("kubernetes.gpu_isolation"),
+    ] = GpuIsolation.node,
     restart_jobs: Annotated[
         list[str] | None,
         typer.Option(
@@ -326,6 +343,9 @@ def actuate(
         typer.echo(f"c4stream actuate --check: backend {be.name} ok")
         try:
             restarter = make_restarter(cfg, check_programs=True)
+            if isinstance(restarter, KubernetesRestarter):
+                for line in restarter.check():  # its RBAC is a manifest of its own
+                    typer.echo(line)
         except ActuatorError as err:
             fail("actuate --check", f"restart FAILED: {err}", 2)
         typer.echo(f"c4stream actuate --check: {restart_summary(cfg, restarter)}")
@@ -338,6 +358,14 @@ def actuate(
             for line in be.check():  # fail before consuming, not on the first command
                 svc.log.info("check: %s", line)
         restarter = make_restarter(cfg)
+        if (
+            cfg.execute
+            and cfg.check_at_start
+            and cfg.restart.execute
+            and isinstance(restarter, KubernetesRestarter)
+        ):
+            for line in restarter.check():  # its RBAC too, before the first restart needs it
+                svc.log.info("check: %s", line)
         with (
             Ledger(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as led,
             RestartLog(cfg.ledger_path, retention_days=cfg.ledger_retention_days) as restarts,
@@ -386,7 +414,7 @@ def make_restarter(cfg: ActuatorConfig, *, check_programs: bool | None = None) -
         return CommandRestarter(cfg.command, cfg.restart, check_programs=live)
     if cfg.backend == "slurm":
         return slurm_restarter(cfg.slurm, cfg.restart, check_programs=live)
-    client = load_api_client(cfg.kubernetes) if cfg.execute else None
+    client = load_api_client(cfg.kubernetes) if cfg.execute or check_programs else None
     return KubernetesRestarter(cfg.restart, cfg.kubernetes, client)
 
 

@@ -62,6 +62,21 @@ class KubernetesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     conflict_retries: int = 5
     """Read-modify-write attempts when the node changed under us (409 Conflict)."""
     request_timeout_s: float = 10.0
+    gpu_isolation: Literal["node", "device"] = "node"
+    """How a fault of one GPU (``device_faults``, the command naming its GPU) is isolated.
+    ``node``: cordon the node (all its GPUs out of service; clusters without DRA).
+    ``device``: taint that one GPU with a DRA DeviceTaintRule (resource.k8s.io/v1,
+    Kubernetes >= 1.37; apply compose/k8s/rbac-actuator-dra.yaml), so the node and its
+    other GPUs keep working; a node whose ResourceSlices do not list the GPU is cordoned.
+    ``c4stream actuate --check`` says whether the cluster serves DeviceTaintRules."""
+    device_faults: tuple[Fault, ...] = ("straggler", "noncomm_hang")
+    """Faults of one GPU: with ``gpu_isolation = "device"`` they taint the GPU; every
+    other fault (NIC, link, communication hang) still cordons the node."""
+    dra_driver: str = "gpu.nvidia.com"
+    """The DRA driver whose ResourceSlices list the GPUs (NVIDIA's DRA driver)."""
+    device_index_attribute: str = "index"
+    """The device attribute holding the GPU's index on its node (the command's ``gpu``);
+    qualified (``gpu.nvidia.com/index``) or not, as the driver publishes it."""
 
 
 class CommandSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -140,7 +155,13 @@ class RestartSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     namespace: str = "default"
     """Kubernetes: namespace of the job's pods (rbac-actuator-restart.yaml grants it)."""
     grace_period_s: int | None = None
-    """Kubernetes: termination grace period of the deleted pods; None: the pod's own."""
+    """Kubernetes: termination grace period of the evicted pods; None: the pod's own."""
+    method: Literal["evict", "delete"] = "evict"
+    """Kubernetes: ``evict`` (the Eviction API, policy/v1: PodDisruptionBudgets are
+    respected and the pod gets the ``DisruptionTarget`` condition, which a Job's
+    podFailurePolicy can ignore, so the restart costs no retry of its backoffLimit) or
+    ``delete`` (a plain delete: counted as a failure; add verb delete on pods to
+    rbac-actuator-restart.yaml)."""
 
 
 class ActuatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -14,6 +14,17 @@ action                 effect
 ``alert_only``         never reaches a backend
 =====================  ===================================================
 
+**One GPU, not the node** (``gpu_isolation = "device"``, Kubernetes >= 1.37): a fault of
+one GPU (``device_faults``: a straggler, a hung GPU; the command names its index) taints
+that device instead of the node: a DRA ``DeviceTaintRule`` (resource.k8s.io/v1) named
+after node and device selects exactly that device (driver, pool and name, found in the
+node's ResourceSlices by the ``index`` attribute) and carries the taint
+``c4stream.io/fault=<fault>`` with ``NoSchedule`` (``cordon``) or the configured effect
+(``cordon_and_taint``; ``NoExecute`` makes the device-taint eviction controller evict
+the pods using that GPU). The node stays schedulable and its other GPUs allocatable.
+NIC, link and communication faults, and a node whose ResourceSlices do not list the
+GPU, still cordon the node.
+
 plus, for each of them, the status condition ``C4streamFaulty=True`` (reason: the
 fault in CamelCase, e.g. ``SlowNic``; message: the command's reason) and a Warning
 Event whose involvedObject is the Node.
@@ -45,8 +56,9 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sinks.actuator.backends import (
     ActionOutcome,
@@ -62,11 +74,18 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 __all__ = [
+    "Device",
     "KubernetesBackend",
+    "Permission",
+    "api_message",
+    "check_permissions",
     "condition_reason",
+    "device_rule_name",
     "event_name",
+    "find_device",
     "involved_node",
     "load_api_client",
+    "raw_call",
     "upsert_taint",
 ]
 
@@ -74,6 +93,178 @@ log = logging.getLogger("c4stream.actuator.kubernetes")
 
 _MERGE = "application/merge-patch+json"
 _STRATEGIC = "application/strategic-merge-patch+json"
+_DRA = "/apis/resource.k8s.io/v1"
+_RBAC = "compose/k8s/rbac-actuator.yaml"
+_RBAC_DRA = "compose/k8s/rbac-actuator-dra.yaml"
+#: Weakest first: a repeat with a weaker effect never weakens a device's taint.
+_DEVICE_EFFECTS = ("None", "NoSchedule", "NoExecute")
+
+
+class Permission(NamedTuple):
+    """One thing the actuator asks the API server to let it do, and where it is granted."""
+
+    group: str
+    resource: str
+    subresource: str
+    verb: str
+    namespace: str | None
+    manifest: str
+
+    def text(self) -> str:
+        res = self.resource + (f"/{self.subresource}" if self.subresource else "")
+        if self.group:
+            res += f".{self.group}"
+        return f"{self.verb} {res}" + (f" in namespace {self.namespace}" if self.namespace else "")
+
+
+class Device(NamedTuple):
+    """A DRA device: what a DeviceTaintRule's selector names."""
+
+    driver: str
+    pool: str
+    name: str
+
+
+def raw_call(
+    api_client: ApiClient,
+    method: str,
+    path: str,
+    *,
+    timeout: float,
+    body: Any = None,
+    query: dict[str, str] | None = None,
+    content_type: str | None = None,
+) -> dict[str, Any]:
+    """One request as raw JSON (no model: a client older than the server lacks the newer
+    kinds, and models drop fields they do not know). Errors raise ``ApiException``."""
+    from kubernetes.client.exceptions import ApiException
+
+    headers = {"Accept": "application/json"}
+    if content_type or body is not None:
+        headers["Content-Type"] = content_type or "application/json"
+    params = list((query or {}).items())
+    if hasattr(api_client, "param_serialize"):  # the newer generated client (v34+ style)
+        req = api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = api_client.call_api(*req, _request_timeout=timeout)
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+    else:  # older clients: call_api raises on non-2xx itself
+        resp = api_client.call_api(
+            path,
+            method,
+            query_params=params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+    return dict(json.loads(resp.data)) if resp.data else {}
+
+
+def check_permissions(
+    api_client: ApiClient,
+    needs: Iterable[Permission],
+    *,
+    timeout: float,
+    prefix: str,
+    classify: Callable[[Exception], Exception],
+) -> list[str]:
+    """A SelfSubjectAccessReview per permission; one line each. Raises
+    ``ActuatorConfigError`` naming every one denied and the manifest that grants it."""
+    lines, missing = [], []
+    for p in needs:
+        attrs: dict[str, str] = {"group": p.group, "resource": p.resource, "verb": p.verb}
+        if p.subresource:
+            attrs["subresource"] = p.subresource
+        if p.namespace:
+            attrs["namespace"] = p.namespace
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs},
+        }
+        try:
+            resp = raw_call(
+                api_client,
+                "POST",
+                "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                body=body,
+                timeout=timeout,
+            )
+        except Exception as err:
+            raise classify(err) from err
+        allowed = bool((resp.get("status") or {}).get("allowed"))
+        lines.append(f"{prefix}: {p.text()}: {'allowed' if allowed else 'DENIED'}")
+        if not allowed:
+            missing.append(p)
+    if missing:
+        manifests = sorted({p.manifest for p in missing})
+        raise ActuatorConfigError(
+            f"{prefix}: not allowed to "
+            + ", ".join(p.text() for p in missing)
+            + ": apply "
+            + " and ".join(manifests)
+            + " to the actuator's service account"
+        )
+    return lines
+
+
+def find_device(
+    slices: Iterable[dict[str, Any]], gpu: int, *, driver: str, attribute: str
+) -> Device | None:
+    """The device of ``driver`` whose ``attribute`` is ``gpu``, from a node's ResourceSlices.
+
+    Only the newest generation of each pool counts (a driver republishing its slices
+    leaves older ones until it deletes them). The attribute may be published qualified
+    (``gpu.nvidia.com/index``) or not; its value is ``{"int": n}``.
+
+    >>> s = {"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "n1", "generation": 2},
+    ...      "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}}
+    ...                  for i in range(8)]}}
+    >>> old = {"spec": {**s["spec"], "pool": {"name": "n1", "generation": 1},
+    ...        "devices": [{"name": "stale", "attributes": {"index": {"int": 3}}}]}}
+    >>> find_device([old, s], 3, driver="gpu.nvidia.com", attribute="index")
+    Device(driver='gpu.nvidia.com', pool='n1', name='gpu-3')
+    >>> find_device([s], 9, driver="gpu.nvidia.com", attribute="index") is None
+    True
+    """
+    slices = [x for x in slices if (x.get("spec") or {}).get("driver") == driver]
+    newest: dict[str, int] = {}
+    for x in slices:
+        pool = x["spec"].get("pool") or {}
+        name, gen = pool.get("name", ""), int(pool.get("generation") or 0)
+        newest[name] = max(newest.get(name, gen), gen)
+    names = (attribute, f"{driver}/{attribute}")
+    for x in slices:
+        pool = x["spec"].get("pool") or {}
+        if int(pool.get("generation") or 0) != newest[pool.get("name", "")]:
+            continue
+        for dev in x["spec"].get("devices") or []:
+            attrs = dev.get("attributes") or {}
+            for n in names:
+                if n in attrs and (attrs[n] or {}).get("int") == gpu:
+                    return Device(driver, pool.get("name", ""), dev["name"])
+    return None
+
+
+def device_rule_name(node: str, device: Device) -> str:
+    """The DeviceTaintRule's name: readable, stable per device, a valid object name.
+
+    >>> device_rule_name("gpu-node-3", Device("gpu.nvidia.com", "gpu-node-3", "gpu-2"))
+    'c4stream.gpu-node-3.gpu-2.47edf380'
+    """
+    digest = hashlib.sha256("/".join(device).encode()).hexdigest()[:8]
+    return f"c4stream.{node[:180]}.{device.name[:60]}.{digest}".lower()
 
 
 def condition_reason(fault: str) -> str:
@@ -203,16 +394,33 @@ class KubernetesBackend:
             return True, self.s.cordon_and_taint_effect
         return False, None  # restart_job: condition + Event only
 
+    def _device_fault(self, cmd: IsolationCommand) -> bool:
+        """Whether this command isolates one GPU rather than its node."""
+        return (
+            self.s.gpu_isolation == "device"
+            and cmd.gpu is not None
+            and cmd.fault in self.s.device_faults
+            and cmd.action in ("cordon", "cordon_and_taint")
+        )
+
     def describe(self, cmd: IsolationCommand) -> str:
         cordon, effect = self._effects(cmd)
         steps = []
-        if cordon:
-            steps.append("set spec.unschedulable=true")
-        if effect:
+        if self._device_fault(cmd):
             steps.append(
-                f"add or update taint {self.s.taint_key}={cmd.fault}:{effect} "
-                "(other taints kept; write guarded by resourceVersion)"
+                f"taint GPU {cmd.gpu} (driver {self.s.dra_driver}, attribute "
+                f"{self.s.device_index_attribute}) with DeviceTaintRule "
+                f"{self.s.taint_key}={cmd.fault}:{effect}, the node staying schedulable "
+                "(cordoned instead if its ResourceSlices do not list that GPU)"
             )
+        else:
+            if cordon:
+                steps.append("set spec.unschedulable=true")
+            if effect:
+                steps.append(
+                    f"add or update taint {self.s.taint_key}={cmd.fault}:{effect} "
+                    "(other taints kept; write guarded by resourceVersion)"
+                )
         steps.append(
             f"set status condition {self.s.condition_type}=True "
             f"reason={condition_reason(cmd.fault)} message={cmd.reason!r}"
@@ -230,7 +438,31 @@ class KubernetesBackend:
             raise ActuatorConfigError("the Kubernetes backend has no API client (dry-run only)")
         node = cmd.host
         cordon, effect = self._effects(cmd)
-        spec_changed, current = self._write_spec(node, cordon, effect, cmd.fault)
+        what = []
+        device = None
+        if self._device_fault(cmd):
+            assert cmd.gpu is not None and effect is not None  # _device_fault says so
+            device = self._find_device(node, cmd.gpu)
+            if device is None:
+                what.append(
+                    f"GPU {cmd.gpu} not in the node's ResourceSlices (driver "
+                    f"{self.s.dra_driver}): the node is cordoned instead"
+                )
+        if device is not None:
+            assert effect is not None and cmd.gpu is not None
+            current = self._read(node)  # first: no rule for a node that does not exist
+            rule, spec_changed, effect = self._taint_device(node, device, effect, cmd.fault)
+            what.append(
+                f"GPU {cmd.gpu} ({device.driver}/{device.pool}/{device.name}) tainted "
+                f"{self.s.taint_key}={cmd.fault}:{effect} by DeviceTaintRule {rule}, "
+                "node schedulable"
+            )
+        else:
+            spec_changed, current = self._write_spec(node, cordon, effect, cmd.fault)
+            if cordon:
+                what.append("cordoned")
+            if effect:
+                what.append(f"tainted {self.s.taint_key}={cmd.fault}:{effect}")
         cond_changed = self._set_condition(node, cmd, current)
         try:
             self._post_event(node, cmd, current)
@@ -240,11 +472,6 @@ class KubernetesBackend:
             # worth a warning, not a failed (and dead-lettered) command.
             log.warning("node %s: Event not posted: %s", node, err)
             event_note = f"; Event not posted: {err}"
-        what = []
-        if cordon:
-            what.append("cordoned")
-        if effect:
-            what.append(f"tainted {self.s.taint_key}={cmd.fault}:{effect}")
         what.append(f"condition {self.s.condition_type}=True")
         state = "" if spec_changed or cond_changed else " (already so; nothing changed)"
         return ActionOutcome(
@@ -252,52 +479,177 @@ class KubernetesBackend:
             detail=f"node {node}: " + ", ".join(what) + state + event_note,
         )
 
-    #: (resource, subresource, verb, namespaced) the backend uses; = rbac-actuator.yaml.
-    NEEDS = (
-        ("nodes", "", "get", False),
-        ("nodes", "", "patch", False),
-        ("nodes", "status", "patch", False),
-        ("events", "", "create", True),
-    )
+    def needs(self) -> list[Permission]:
+        """What the backend calls with these settings (= rbac-actuator[-dra].yaml)."""
+        ns = self.s.event_namespace
+        out = [
+            Permission("", "nodes", "", "get", None, _RBAC),
+            Permission("", "nodes", "", "patch", None, _RBAC),
+            Permission("", "nodes", "status", "patch", None, _RBAC),
+            Permission("", "events", "", "create", ns, _RBAC),
+        ]
+        if self.s.gpu_isolation == "device":
+            g = "resource.k8s.io"
+            out += [
+                Permission(g, "resourceslices", "", "list", None, _RBAC_DRA),
+                Permission(g, "devicetaintrules", "", "get", None, _RBAC_DRA),
+                Permission(g, "devicetaintrules", "", "create", None, _RBAC_DRA),
+                Permission(g, "devicetaintrules", "", "patch", None, _RBAC_DRA),
+            ]
+        return out
+
+    def dra_served(self) -> bool:
+        """Whether the API server serves DeviceTaintRules in resource.k8s.io/v1."""
+        from kubernetes.client.exceptions import ApiException
+
+        assert self._api_client is not None
+        try:
+            found = raw_call(self._api_client, "GET", _DRA, timeout=self.s.request_timeout_s)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise self._classify("(check)", "discover resource.k8s.io/v1 on", err) from err
+        except Exception as err:
+            raise self._classify("(check)", "discover resource.k8s.io/v1 on", err) from err
+        return any(r.get("name") == "devicetaintrules" for r in found.get("resources") or [])
 
     def check(self) -> list[str]:
-        """Ask the API server (SelfSubjectAccessReview) for each permission the backend needs."""
+        """Ask the API server (SelfSubjectAccessReview) for each permission the backend
+        needs, and whether it serves DRA device taints (``gpu_isolation``)."""
         if self._api_client is None:
             raise ActuatorConfigError("the Kubernetes backend has no API client")
-        from kubernetes.client import AuthorizationV1Api
-
-        authz = AuthorizationV1Api(self._api_client)
-        lines, missing = [], []
-        for resource, sub, verb, namespaced in self.NEEDS:
-            attrs: dict[str, str] = {"resource": resource, "verb": verb, "group": ""}
-            if sub:
-                attrs["subresource"] = sub
-            if namespaced:
-                attrs["namespace"] = self.s.event_namespace
-            body = {
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SelfSubjectAccessReview",
-                "spec": {"resourceAttributes": attrs},
-            }
-            what = f"{verb} {resource}{'/' + sub if sub else ''}" + (
-                f" in namespace {self.s.event_namespace}" if namespaced else ""
-            )
-            try:
-                resp = authz.create_self_subject_access_review(
-                    body, _preload_content=False, _request_timeout=self.s.request_timeout_s
+        lines = check_permissions(
+            self._api_client,
+            self.needs(),
+            timeout=self.s.request_timeout_s,
+            prefix="kubernetes",
+            classify=lambda err: self._classify("(check)", "review access for", err),
+        )
+        served = self.dra_served()
+        if self.s.gpu_isolation == "device":
+            if not served:
+                raise ActuatorConfigError(
+                    'kubernetes: gpu_isolation = "device" but this API server does not '
+                    "serve resource.k8s.io/v1 devicetaintrules (Kubernetes >= 1.37, feature "
+                    "gates DRADeviceTaints and DRADeviceTaintRules): set gpu_isolation = "
+                    '"node" to cordon the node for a GPU fault'
                 )
-            except Exception as err:
-                raise self._classify("(check)", "review access for", err) from err
-            allowed = bool((json.loads(resp.data).get("status") or {}).get("allowed"))
-            lines.append(f"kubernetes: {what}: {'allowed' if allowed else 'DENIED'}")
-            if not allowed:
-                missing.append(what)
-        if missing:
-            raise ActuatorConfigError(
-                "kubernetes: not allowed to " + ", ".join(missing) + ": apply "
-                "compose/k8s/rbac-actuator.yaml to the actuator's service account"
+            lines.append(
+                "kubernetes: DRA device taints served (resource.k8s.io/v1 devicetaintrules): "
+                f"faults {', '.join(self.s.device_faults)} of one GPU taint that GPU"
+            )
+        elif served:
+            lines.append(
+                "kubernetes: DRA device taints served (resource.k8s.io/v1 devicetaintrules), "
+                'but gpu_isolation = "node": a GPU fault cordons its node; set "device" '
+                f"(and apply {_RBAC_DRA}) to take only the GPU out of service"
+            )
+        else:
+            lines.append(
+                "kubernetes: DRA device taints not served by this API server: a GPU fault "
+                'cordons its node (gpu_isolation = "node")'
             )
         return lines
+
+    def _find_device(self, node: str, gpu: int) -> Device | None:
+        try:
+            found = raw_call(
+                self._api_client,  # type: ignore[arg-type]
+                "GET",
+                f"{_DRA}/resourceslices",
+                query={"fieldSelector": f"spec.nodeName={node},spec.driver={self.s.dra_driver}"},
+                timeout=self.s.request_timeout_s,
+            )
+        except Exception as err:
+            if getattr(err, "status", None) == 404:  # the API itself, not a node, is missing
+                raise ActuatorConfigError(
+                    'gpu_isolation = "device" but the API server serves no '
+                    "resource.k8s.io/v1 resourceslices (Kubernetes >= 1.37): set "
+                    'gpu_isolation = "node"'
+                ) from err
+            raise self._classify(node, "list ResourceSlices of", err, _RBAC_DRA) from err
+        return find_device(
+            found.get("items") or [],
+            gpu,
+            driver=self.s.dra_driver,
+            attribute=self.s.device_index_attribute,
+        )
+
+    def _taint_device(
+        self, node: str, device: Device, effect: str, fault: str
+    ) -> tuple[str, bool, str]:
+        """Create or update our DeviceTaintRule for ``device``; (name, changed, effect).
+
+        A rule already there with a stronger effect keeps it (a NoExecute taint is never
+        weakened to NoSchedule by a later, milder command); its value becomes ``fault``.
+        Updates carry the resourceVersion read: 409 means re-read and redo.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        name = device_rule_name(node, device)
+        path = f"{_DRA}/devicetaintrules/{name}"
+        api: Any = self._api_client
+        t = self.s.request_timeout_s
+        for _ in range(self.s.conflict_retries):
+            try:
+                rule = raw_call(api, "GET", path, timeout=t)
+            except ApiException as err:
+                if err.status != 404:
+                    raise self._classify(node, "read DeviceTaintRule for", err, _RBAC_DRA) from err
+                rule = None
+            except Exception as err:
+                raise self._classify(node, "read DeviceTaintRule for", err, _RBAC_DRA) from err
+            if rule is None:
+                body = {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "DeviceTaintRule",
+                    "metadata": {
+                        "name": name,
+                        "labels": {"app.kubernetes.io/managed-by": self.s.component},
+                    },
+                    "spec": {
+                        "deviceSelector": {
+                            "driver": device.driver,
+                            "pool": device.pool,
+                            "device": device.name,
+                        },
+                        "taint": {"key": self.s.taint_key, "value": fault, "effect": effect},
+                    },
+                }
+                what = "create DeviceTaintRule for"
+                try:
+                    raw_call(api, "POST", f"{_DRA}/devicetaintrules", body=body, timeout=t)
+                    return name, True, effect
+                except ApiException as err:
+                    if err.status == 409:  # created meanwhile: read it and compare
+                        continue
+                    raise self._classify(node, what, err, _RBAC_DRA) from err
+                except Exception as err:
+                    raise self._classify(node, what, err, _RBAC_DRA) from err
+            old = (rule.get("spec") or {}).get("taint") or {}
+            old_effect = old.get("effect", "None")
+            if old_effect in _DEVICE_EFFECTS and _DEVICE_EFFECTS.index(
+                old_effect
+            ) > _DEVICE_EFFECTS.index(effect):
+                effect = old_effect
+            if (old.get("key"), old.get("value"), old_effect) == (self.s.taint_key, fault, effect):
+                return name, False, effect
+            patch = {
+                "metadata": {"resourceVersion": rule["metadata"]["resourceVersion"]},
+                "spec": {"taint": {"key": self.s.taint_key, "value": fault, "effect": effect}},
+            }
+            try:
+                raw_call(api, "PATCH", path, body=patch, content_type=_MERGE, timeout=t)
+                return name, True, effect
+            except ApiException as err:
+                if err.status != 409:
+                    raise self._classify(node, "patch DeviceTaintRule for", err, _RBAC_DRA) from err
+            except Exception as err:
+                raise self._classify(node, "patch DeviceTaintRule for", err, _RBAC_DRA) from err
+        raise TransientActionError(
+            f"node {node}: DeviceTaintRule {name}: {self.s.conflict_retries} writes lost to "
+            "concurrent changes (409 Conflict each time); will retry"
+        )
 
     def _read(self, node: str) -> dict[str, Any]:
         """The node as raw JSON: the client's models would drop fields they do not know."""
@@ -447,7 +799,7 @@ class KubernetesBackend:
         except Exception as err:
             raise self._classify(node, verb, err) from err
 
-    def _classify(self, node: str, verb: str, err: Exception) -> Exception:
+    def _classify(self, node: str, verb: str, err: Exception, rbac: str = _RBAC) -> Exception:
         """Map a client error onto the actuator's error policy."""
         from kubernetes.client.exceptions import ApiException
 
@@ -455,11 +807,16 @@ class KubernetesBackend:
             # Connection refused, timeouts, TLS: the API server may be back soon.
             return TransientActionError(f"{verb} node {node}: {type(err).__name__}: {err}")
         status = err.status or 0
-        text = f"{verb} node {node}: HTTP {status} {err.reason}: {_api_message(err)}"
+        text = f"{verb} node {node}: HTTP {status} {err.reason}: {api_message(err)}"
+        if status == 403 and "ValidatingAdmissionPolicy" in text:
+            return ActuatorConfigError(
+                f"{text}. The admission policy (compose/k8s/admission-actuator.yaml) refused "
+                "it: its variables taintKey and conditionType must match [actuator.kubernetes]"
+            )
         if status in (401, 403):
             return ActuatorConfigError(
                 f"{text}. Grant the actuator's service account the rules of "
-                "compose/k8s/rbac-actuator.yaml (or fix the kubeconfig credentials)"
+                f"{rbac} (or fix the kubeconfig credentials)"
             )
         if status == 404:
             return PermanentActionError(
@@ -483,7 +840,7 @@ class KubernetesBackend:
         return Found("not_applied", f"node {cmd.host} is not yet cordoned and tainted")
 
 
-def _api_message(err: Exception) -> str:
+def api_message(err: Exception) -> str:
     """The ``message`` of a Kubernetes Status body, else the raw body (shortened)."""
     body = getattr(err, "body", None) or ""
     try:
