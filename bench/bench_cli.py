@@ -85,7 +85,7 @@ def main() -> None:
             every = " ".join(f"{r:.2f}" for r in runs)
             print(f"{shown[name]:<40} {best:>12.2f} {every:>20} {TARGETS[name]:>7.1f}  {verdict}")
         if a.importtime:
-            for name, args in cases.items():
+            for args in cases.values():
                 print(f"\ntop imports of `c4stream {args[0]}` (cumulative s, -X importtime):")
                 for s, mod in top_imports(args):
                     print(f"  {s:6.3f}  {mod}")
