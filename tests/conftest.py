@@ -42,6 +42,18 @@ starts, and gets the marker."""
 PATH_MARKS = {
     "tests/chaos/": ("chaos",),
     "tests/bench/": ("slow",),
+    # Simulated jobs judged two ways and compared, end to end through the detect and
+    # worker paths: 10-60 s per test on 2 shared cores (pytest --durations).
+    "tests/streams/test_core_group.py": ("slow",),
+    "tests/streams/test_core_columns.py": ("slow",),
+    "tests/streams/test_detector_contract.py": ("slow",),
+    "tests/streams/test_detect_archive.py": ("slow",),
+    "tests/streams/test_detect_ipc.py": ("slow",),
+    "tests/streams/test_quality_sim.py": ("slow",),
+    "tests/streams/test_worker_arrow.py": ("slow",),
+    "tests/streams/test_worker_grouped.py": ("slow",),
+    # services started without a broker, waiting out their broker timeouts
+    "tests/sinks/test_sink_operability.py": ("slow",),
 }
 """Every test under the directory (or in the file) gets the markers. A test that takes
 more than a few seconds without needing any of the above carries ``@pytest.mark.slow``
