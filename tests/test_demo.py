@@ -57,8 +57,10 @@ def test_demo_finds_every_injected_fault_and_leaves_report_and_archive(
     assert "Closing the loop" in html and "scontrol requeue" in html
 
     # The report names components as the terminal does ("GPU 5", "NIC mlx5_1").
+    assert {"<td>GPU 5</td>", "<td>NIC mlx5_1</td>"} <= set(re.findall(r"<td>[^<]*</td>", html))
     for c in result.commands:
-        assert f"<td>{html_lib.escape(component_label(c.gpu, c.nic, c.peer_host))}</td>" in html
+        label = component_label(c.gpu, c.nic, c.peer_host, c.fault)
+        assert f"<td>{html_lib.escape(label)}</td>" in html
     # No client library's own lines on the terminal: librdkafka's go to logs/demo.log.
     printed = capfd.readouterr()
     for text in (printed.out, printed.err, out.getvalue()):

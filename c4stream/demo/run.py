@@ -150,7 +150,7 @@ def _commands_view(cmds: list[IsolationCommand], t0_us: int) -> Group:
         table.add_column(col, no_wrap=col in ("host", "component", "fault"))
     reasons: list[Text] = []
     for i, c in enumerate(sorted(cmds, key=lambda c: c.ts_us), 1):
-        comp = component_label(c.gpu, c.nic, c.peer_host)
+        comp = component_label(c.gpu, c.nic, c.peer_host, c.fault)
         action = c.action + (" (dry run)" if c.dry_run else "")
         table.add_row(
             str(i),
@@ -178,7 +178,7 @@ def _truth_table(result: DemoResult, t0_us: int) -> Table:
             f"{(f.start_us - t0_us) / 1e6:.1f}",
             f.expected_fault,
             f.host,
-            component_label(f.gpu, f.nic, f.peer_host),
+            component_label(f.gpu, f.nic, f.peer_host, f.expected_fault),
             "[green]yes[/]" if fs.found else "[red]no[/]",
             f"{fs.latency_s:.1f}" if fs.found and fs.latency_s is not None else "-",
             steps.get((first, "isolate"), "-"),

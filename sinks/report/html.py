@@ -189,7 +189,7 @@ def write_report(
             for x in (
                 f"{(c.ts_us - t0) / 1e6:.1f}",
                 c.host,
-                component_label(c.gpu, c.nic, c.peer_host),  # as the terminal names it
+                component_label(c.gpu, c.nic, c.peer_host, c.fault),  # as the terminal does
                 c.fault,
                 c.action + (" (dry run)" if c.dry_run else ""),
                 f"{c.confidence:.2f}",
@@ -257,7 +257,7 @@ def _loop_table(
     rows = "".join(
         f"<tr><td>{html.escape(injected(c))}</td><td>{(c.ts_us - t0) / 1e6:.1f}</td>"
         f"<td>{html.escape(c.host)}</td>"
-        f"<td>{html.escape(component_label(c.gpu, c.nic, c.peer_host))}</td>"
+        f"<td>{html.escape(component_label(c.gpu, c.nic, c.peer_host, c.fault))}</td>"
         f"<td>{html.escape(c.fault)}</td>"
         f"<td>{cell(c, 'isolate')}</td><td>{cell(c, 'restart')}</td></tr>"
         for c in sorted(commands, key=lambda c: c.ts_us)
