@@ -21,8 +21,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from c4base.config import flag_overrides
-
 __all__ = [
     "Bootstrap",
     "BrokerTimeout",
@@ -152,6 +150,10 @@ def given(
     ``prefix`` keeps only keys under it, without it (``"kafka."`` for a ``[kafka]``
     table loaded on its own); ``values`` replaces a parameter's raw value.
     """
+    # here, not at module top: every command module imports these options, and the
+    # config pulls in the Kafka and Prometheus clients that `c4stream --help` never needs
+    from c4base.config import flag_overrides
+
     keys = _keys(command)
     if prefix:
         keys = {p: k.removeprefix(prefix) for p, k in keys.items() if k.startswith(prefix)}

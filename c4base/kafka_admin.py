@@ -50,7 +50,8 @@ def create_topics(
         if credentials_refused(err):
             refused.append(err)
 
-    admin = AdminClient({**conf, "error_cb": on_error})
+    # librdkafka's own lines go to this module's logger (the service's log), not stderr
+    admin = AdminClient({**conf, "error_cb": on_error, "logger": log})
     new = [
         NewTopic(
             name, num_partitions=n, replication_factor=replication_factor, config=dict(config or {})

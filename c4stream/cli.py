@@ -16,19 +16,10 @@ import producers.cli
 import sinks.cli
 import streams.cli
 from c4base.cli_options import fail
-from c4base.settings_loader import SettingsError
-from c4base.signing import (
-    KeyFileError,
-    SigningError,
-    commands_key,
-    generate_key_file,
-    host_key,
-    load_key,
-    write_key_file,
-)
-from c4stream.config import check_config
-from c4stream.config_warnings import config_warnings
-from c4stream.demo.run import DemoConfig, run_demo
+
+# Each command imports what it runs inside its function: `c4stream --help` and a
+# `c4stream detect` on a dump directory must not wait for river, Faust, matplotlib or the
+# Kubernetes client (tests/test_cli_imports.py checks which modules each one loads).
 
 app = typer.Typer(
     name="c4stream",
@@ -63,6 +54,10 @@ def config_check(
     from rich.console import Console
     from rich.markup import escape
 
+    from c4base.settings_loader import SettingsError
+    from c4stream.config import check_config
+    from c4stream.config_warnings import config_warnings
+
     console = Console()
     try:
         reports = check_config(path)
@@ -92,6 +87,8 @@ def keys_generate(
     ),
 ) -> None:
     """Write a new random master key (32 bytes, hex). Keep it with the worker only."""
+    from c4base.signing import KeyFileError, generate_key_file
+
     try:
         generate_key_file(out)
     except KeyFileError as err:
@@ -112,6 +109,8 @@ def keys_derive(
     (--commands) from the master key: each host holds only its own key."""
     if (host is None) == (not commands):
         fail("keys derive", "give exactly one of --host H or --commands", 2)
+    from c4base.signing import SigningError, commands_key, host_key, load_key, write_key_file
+
     try:
         m = load_key(master)
         key = commands_key(m) if commands else host_key(m, host or "")
@@ -159,6 +158,7 @@ def demo(
     simulated 128-GPU job, shows decisions live, stops everything and writes
     OUT/report.html and the Parquet archive OUT/archive.
     """
+    from c4stream.demo.run import DemoConfig, run_demo
 
     result = run_demo(
         DemoConfig(

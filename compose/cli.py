@@ -9,8 +9,6 @@ from types import FrameType
 
 import typer
 
-from compose.local_broker import KAFKA_VERSION, BrokerError, LocalKafka, fetch_jars
-
 broker_app = typer.Typer(
     name="broker",
     help="A local single-node Apache Kafka (KRaft) broker that needs Java 17+, not Docker.",
@@ -60,6 +58,8 @@ def start(
     ),
 ) -> None:
     """Run the local broker in the foreground (help text: _START_HELP)."""
+    from compose.local_broker import BrokerError, LocalKafka
+
     signal.signal(signal.SIGTERM, _on_sigterm)
     kafka = LocalKafka(port=port, startup_timeout=startup_timeout, data_dir=data)
     try:
@@ -88,6 +88,8 @@ def fetch(
     force: bool = typer.Option(False, "--force", help="Fetch again even if cached."),
 ) -> None:
     """Fetch the jars only (help text: _FETCH_HELP)."""
+    from compose.local_broker import KAFKA_VERSION, BrokerError, fetch_jars
+
     try:
         typer.echo(str(fetch_jars(KAFKA_VERSION, force=force)))
     except BrokerError as exc:

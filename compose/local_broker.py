@@ -543,7 +543,8 @@ class LocalKafka:
                     raise BrokerError(self._timeout_msg()) from None
                 time.sleep(0.1)
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        # librdkafka's lines while the broker comes up go to this module's log, not stderr
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": log})
         while True:
             check_alive()
             try:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from c4base.cli_options import (
     Bootstrap,
@@ -22,18 +21,6 @@ from c4base.cli_options import (
     fail,
     given,
 )
-from c4base.config import KAFKA_SECTION, load_section
-from c4base.kafka import KafkaConfig, KafkaCredentialsError
-from c4base.service import start_service
-from c4base.settings_loader import SettingsError
-from c4base.signing import KeyFileError
-from producers.exporter import ExporterConfig, run_exporter
-from producers.exporter.core import EXPORTER_SECTION
-from producers.replay import ReplayConfig, parse_speed
-from producers.replay import replay as run_replay
-from producers.simulator.cli_impl import list_scenarios, resolve_config, run
-from producers.simulator.config import SimConfigError
-from producers.sources import SourceError
 
 ConfigFile = config_file("[kafka], [exporter]")
 
@@ -59,6 +46,11 @@ def simulate(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Simulate a training job with injected faults into a trace and a ground truth."""
+    from rich.console import Console
+
+    from producers.simulator.cli_impl import list_scenarios, resolve_config, run
+    from producers.simulator.config import SimConfigError
+
     console = Console()
     if list_:
         list_scenarios(console)
@@ -150,6 +142,15 @@ def exporter(
     log_json: LogJson = False,
 ) -> None:
     """Follow an NCCL Inspector dump directory and publish its events to Kafka."""
+    from rich.console import Console
+
+    from c4base.config import load_section
+    from c4base.kafka import KafkaCredentialsError
+    from c4base.service import start_service
+    from c4base.settings_loader import SettingsError
+    from producers.exporter import ExporterConfig, run_exporter
+    from producers.exporter.core import EXPORTER_SECTION
+
     # Flags given on the command line win over [exporter]; [exporter] over the defaults.
     flags = given(ctx, exporter)
     try:
@@ -209,6 +210,16 @@ def replay(
     ] = None,
 ) -> None:
     """Publish a recorded trace to Kafka at its recorded pace scaled by --speed."""
+    from rich.console import Console
+
+    from c4base.config import KAFKA_SECTION, load_section
+    from c4base.kafka import KafkaConfig, KafkaCredentialsError
+    from c4base.settings_loader import SettingsError
+    from c4base.signing import KeyFileError
+    from producers.replay import ReplayConfig, parse_speed
+    from producers.replay import replay as run_replay
+    from producers.sources import SourceError
+
     console = Console(stderr=True)
     try:
         pace = parse_speed(speed)

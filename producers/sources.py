@@ -51,14 +51,12 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 import numpy as np
 
-from producers.columnar import EventColumns, LazyEvents
 from producers.events import Event
-from producers.formats.arrow_ipc import looks_like_arrow_ipc
 from producers.formats.flight_recorder import (
     FlightRecorderError,
     looks_like_flight_recorder,
@@ -66,14 +64,12 @@ from producers.formats.flight_recorder import (
     read_flight_recorder_snapshot,
 )
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
-from producers.formats.parquet_archive import (
-    ArchiveBlock,
-    SeenMessages,
-    looks_like_parquet,
-    read_parquet_blocks,
-    read_parquet_columns,
-)
+from producers.formats.magic import looks_like_arrow_ipc, looks_like_parquet
 from producers.traces import BadLine, TraceLine, read_trace
+
+if TYPE_CHECKING:  # the columnar readers (pyarrow) load when a columnar file is read
+    from producers.columnar import EventColumns
+    from producers.formats.parquet_archive import ArchiveBlock, SeenMessages
 
 __all__ = [
     "BadLine",
@@ -204,6 +200,9 @@ def _read_file(
 ) -> Iterator[SourceBatch]:
     """``alone``: the only file of its stream (blocks need no cut by second)."""
     name = str(path)
+    if kind in _COLUMNAR:
+        from producers.columnar import LazyEvents
+        from producers.formats.parquet_archive import read_parquet_blocks, read_parquet_columns
     if kind in _COLUMNAR and blocks:
         got = read_parquet_blocks(path, job=job, on_bad=on_bad, seen=seen, by_second=not alone)
         for row, block in got:
@@ -333,6 +332,8 @@ def open_sources(
         if kind == "flight_recorder":
             dumps.setdefault((p, the_job), []).append(f)
         elif kind in _COLUMNAR:
+            from producers.formats.parquet_archive import SeenMessages
+
             dedupe = seen.setdefault(f.parent, SeenMessages())
             archive.setdefault(f.parent, []).append(
                 _read_file(f, kind, the_job, on_bad, dedupe, blocks, alone)

@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import msgspec
 import typer
-from rich.console import Console
 
 from c4base.cli_options import (
     Bootstrap,
@@ -23,15 +21,6 @@ from c4base.cli_options import (
     config_file,
     fail,
 )
-from c4base.kafka import KafkaCredentialsError
-from c4base.service import start_service
-from c4base.settings_loader import SettingsError
-from streams.app import lifeguard
-from streams.app.settings import WorkerConfigError, load_worker_config
-from streams.app.topics_admin import TopicSetupError
-from streams.core import PolicyConfig
-from streams.detect import DetectInputError, run_detect, summary_table
-from streams.worker import run_worker
 
 ConfigFile = config_file("[kafka], [worker]")
 
@@ -60,6 +49,13 @@ def worker(
     Logs and the Prometheus /metrics endpoint follow [log] and [metrics] of --config;
     the flags win over the file.
     """
+    from c4base.kafka import KafkaCredentialsError
+    from c4base.service import start_service
+    from c4base.settings_loader import SettingsError
+    from streams.app import lifeguard
+    from streams.app.settings import WorkerConfigError, load_worker_config
+    from streams.app.topics_admin import TopicSetupError
+    from streams.worker import run_worker
 
     try:
         cfg = load_worker_config(
@@ -110,9 +106,17 @@ def detect(
 ) -> None:
     """Run the detection core over recorded traces, in event time, without Kafka;
     Flight Recorder snapshots are judged as a whole."""
+    import msgspec
+    from rich.console import Console
+
+    from streams.core.config import PolicyConfig
+    from streams.detect import DetectInputError, run_detect, summary_table
+
     detect_cfg = None
     policy = PolicyConfig()
     if config is not None:  # e.g. an archived day judged with other thresholds
+        from streams.app.settings import WorkerConfigError, load_worker_config
+
         try:
             wc = load_worker_config(config)
         except WorkerConfigError as err:

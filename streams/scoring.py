@@ -309,15 +309,23 @@ def score_commands(
     return score_run([from_command(c) for c in commands], truth_faults(truth), slack_us)
 
 
-def component_label(gpu: int | None, nic: str | int | None, peer_host: str | None = None) -> str:
+def component_label(
+    gpu: int | None, nic: str | int | None, peer_host: str | None = None, fault: str | None = None
+) -> str:
     """How a person names the component: ``GPU 5``, ``NIC mlx5_1``, ``link to node-002``.
+
+    A NIC or link fault names the NIC even when the command also carries the GPU of the
+    rank that saw it:
+
+    >>> component_label(1, "mlx5_1", fault="slow_nic"), component_label(1, "mlx5_1")
+    ('NIC mlx5_1', 'GPU 1')
 
     >>> component_label(5, None), component_label(None, "mlx5_1"), component_label(None, 1)
     ('GPU 5', 'NIC mlx5_1', 'NIC mlx5_1')
     >>> component_label(None, "mlx5_3", "node-002"), component_label(None, None)
     ('NIC mlx5_3 → node-002', 'host')
     """
-    if gpu is not None:
+    if gpu is not None and not (fault == "slow_nic" or fault in LINK_FAULTS):
         return f"GPU {gpu}"
     if nic is not None:
         # The simulator's ground truth numbers NICs; commands name the device.

@@ -1,9 +1,13 @@
 """Shared pytest setup. Add new fixtures in their own section below; keep each small.
 
 Kafka: tests that need a broker take the ``kafka_bootstrap`` fixture (and usually
-``make_topics``) and carry ``@pytest.mark.kafka``. One broker serves the whole
-session: ``KAFKA_BOOTSTRAP`` if set, else Docker when C4STREAM_USE_DOCKER=1, else a
-local Java broker (see compose/local_broker.py). Deselect with ``-m "not kafka"``.
+``make_topics``). One broker serves the whole session: ``KAFKA_BOOTSTRAP`` if set, else
+Docker when C4STREAM_USE_DOCKER=1, else a local Java broker (see
+compose/local_broker.py). Deselect with ``-m "not kafka"``.
+
+Tiers: the markers of pyproject.toml are applied here, by the fixtures a test uses and
+the directory it lives in (:func:`pytest_collection_modifyitems`), so a new test is
+tiered without a decorator; ``./run check`` runs what carries none of them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,51 @@ pytest_plugins = ["tests.slurm_fixture", "tests.k8s_fixture"]
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kafka: needs a Kafka broker (kafka_bootstrap fixture)")
+
+
+# --------------------------------------------------------------------------- tiers
+
+FIXTURE_MARKS = {
+    "kafka_bootstrap": "kafka",  # make_topics and every Kafka helper fixture take it
+    "slurm_cluster": "slurm",
+    "alertmanager": "alertmanager",
+    "promtool": "promtool",
+    "kube_cluster": "kubernetes",
+}
+"""A test that uses the fixture (directly or through another fixture) needs what it
+starts, and gets the marker."""
+PATH_MARKS = {
+    "tests/chaos/": ("chaos",),
+    "tests/bench/": ("slow",),
+    # Simulated jobs judged two ways and compared, end to end through the detect and
+    # worker paths: 10-60 s per test on 2 shared cores (pytest --durations).
+    "tests/streams/test_core_group.py": ("slow",),
+    "tests/streams/test_core_columns.py": ("slow",),
+    "tests/streams/test_detector_contract.py": ("slow",),
+    "tests/streams/test_detect_archive.py": ("slow",),
+    "tests/streams/test_detect_ipc.py": ("slow",),
+    "tests/streams/test_quality_sim.py": ("slow",),
+    "tests/streams/test_worker_arrow.py": ("slow",),
+    "tests/streams/test_worker_grouped.py": ("slow",),
+    # services started without a broker, waiting out their broker timeouts
+    "tests/sinks/test_sink_operability.py": ("slow",),
+}
+"""Every test under the directory (or in the file) gets the markers. A test that takes
+more than a few seconds without needing any of the above carries ``@pytest.mark.slow``
+itself (or its file is listed here): the fast tier must stay under a minute."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            if fixture in FIXTURE_MARKS:
+                item.add_marker(FIXTURE_MARKS[fixture])
+        rel = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        for prefix, marks in PATH_MARKS.items():
+            if rel.startswith(prefix):
+                for mark in marks:
+                    item.add_marker(mark)
 
 
 # --------------------------------------------------------------------------- Kafka

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html as html_lib
 import io
+import re
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -10,12 +12,13 @@ import pytest
 from rich.console import Console
 
 from c4stream.demo.run import DemoConfig, run_demo
+from streams.scoring import component_label
 
 
 @pytest.mark.kafka
 @pytest.mark.timeout(300)
 def test_demo_finds_every_injected_fault_and_leaves_report_and_archive(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     out = io.StringIO()
     result = run_demo(
@@ -52,3 +55,14 @@ def test_demo_finds_every_injected_fault_and_leaves_report_and_archive(
         assert f"-w {c.host} -n {result.truth['job']}" in restart.detail
         assert c.ts_us <= iso.ts_us <= restart.ts_us
     assert "Closing the loop" in html and "scontrol requeue" in html
+
+    # The report names components as the terminal does ("GPU 5", "NIC mlx5_1").
+    assert {"<td>GPU 5</td>", "<td>NIC mlx5_1</td>"} <= set(re.findall(r"<td>[^<]*</td>", html))
+    for c in result.commands:
+        label = component_label(c.gpu, c.nic, c.peer_host, c.fault)
+        assert f"<td>{html_lib.escape(label)}</td>" in html
+    # No client library's own lines on the terminal: librdkafka's go to logs/demo.log.
+    printed = capfd.readouterr()
+    for text in (printed.out, printed.err, out.getvalue()):
+        assert not re.search(r"^%\d\|\d+\.\d+\||rdkafka|idempotence PID", text, re.M), text
+    assert (tmp_path / "logs" / "demo.log").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -28,13 +29,21 @@ RULES = COMPOSE / "prometheus" / "c4stream-rules.yml"
 pytestmark = pytest.mark.timeout(60)
 
 
-def promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [require_tool("promtool"), *args], input=stdin, capture_output=True, timeout=60
-    )
+Promtool = Callable[..., subprocess.CompletedProcess[bytes]]
 
 
-def test_rules_pass_promtool_check_and_their_unit_tests() -> None:
+@pytest.fixture
+def promtool() -> Promtool:
+    """Runs the real promtool (a test taking it is marked ``promtool``)."""
+    binary = require_tool("promtool")
+
+    def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([binary, *args], input=stdin, capture_output=True, timeout=60)
+
+    return run
+
+
+def test_rules_pass_promtool_check_and_their_unit_tests(promtool: Promtool) -> None:
     res = promtool("check", "rules", str(RULES))
     assert res.returncode == 0, res.stdout + res.stderr
     assert b"SUCCESS: 5 rules found" in res.stdout
@@ -52,7 +61,9 @@ def test_the_rules_cover_what_operations_needs() -> None:
 
 
 @pytest.mark.parametrize("stage", ["exporter", "worker", "actuator", "alerter", "archiver"])
-def test_each_stages_metrics_pass_promtool_and_start_at_zero(stage: str) -> None:
+def test_each_stages_metrics_pass_promtool_and_start_at_zero(
+    stage: str, promtool: Promtool
+) -> None:
     m = Metrics()
     m.prime(stage)  # what start_service does for every service
     port = m.serve(MetricsConfig(host="127.0.0.1", port=free_port()))

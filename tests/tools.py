@@ -1,7 +1,10 @@
-"""Finding the Go tools ``./run`` builds once and caches (Alertmanager, promtool).
+"""Finding Alertmanager and promtool for the tests that run them.
 
-``./run`` puts them in ``$C4STREAM_TOOLS_BIN`` or ``~/.cache/c4stream/bin`` and on PATH;
-a test that needs one and finds none skips, naming how to get it.
+``./run test`` installs them from Debian's packages (``prometheus`` has promtool,
+``prometheus-alertmanager`` the Alertmanager); with ``C4STREAM_GO_TOOLS=1`` it builds
+newer releases once with ``go install`` into ``$C4STREAM_TOOLS_BIN`` (default
+``~/.cache/c4stream/bin``) and puts that first on PATH. A test that needs one and finds
+none skips, naming how to get it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PACKAGED_AS = {"alertmanager": "prometheus-alertmanager"}
+"""Debian's name of a tool's program (its package ``prometheus-alertmanager``)."""
+
+
 def tool_path(name: str) -> str | None:
-    """The tool's path: PATH first, then the cache ``./run`` builds into."""
-    found = shutil.which(name)
+    """The tool's path: PATH first (also under its Debian name), then the cache
+    ``./run`` builds into when asked to (``C4STREAM_GO_TOOLS=1``)."""
+    found = shutil.which(name) or (name in PACKAGED_AS and shutil.which(PACKAGED_AS[name]))
     if found:
         return found
     cache = os.environ.get("C4STREAM_TOOLS_BIN") or str(
@@ -39,5 +47,8 @@ def require_tool(name: str) -> str:
     """The tool's path, or skip the test saying how to get it."""
     path = tool_path(name)
     if path is None:
-        pytest.skip(f"{name} not found: `./run test` builds it once with go install (needs Go)")
+        pytest.skip(
+            f"{name} not found: `./run test` installs it (apt: prometheus, "
+            "prometheus-alertmanager), or C4STREAM_GO_TOOLS=1 ./run test builds it with Go"
+        )
     return path

@@ -12,8 +12,10 @@ was injected.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,7 +89,10 @@ class _IsolationWatcher(threading.Thread):
     def run(self) -> None:
         from confluent_kafka import Consumer
 
-        consumer = Consumer(self.kafka.consumer_config(f"c4stream-demo-{time.time_ns()}"))
+        consumer = Consumer(
+            self.kafka.consumer_config(f"c4stream-demo-{time.time_ns()}"),
+            logger=logging.getLogger("c4stream.demo.rdkafka"),
+        )
         consumer.subscribe([self.topic])
         try:
             while not self._stopping.is_set():
@@ -145,7 +150,7 @@ def _commands_view(cmds: list[IsolationCommand], t0_us: int) -> Group:
         table.add_column(col, no_wrap=col in ("host", "component", "fault"))
     reasons: list[Text] = []
     for i, c in enumerate(sorted(cmds, key=lambda c: c.ts_us), 1):
-        comp = component_label(c.gpu, c.nic, c.peer_host)
+        comp = component_label(c.gpu, c.nic, c.peer_host, c.fault)
         action = c.action + (" (dry run)" if c.dry_run else "")
         table.add_row(
             str(i),
@@ -173,7 +178,7 @@ def _truth_table(result: DemoResult, t0_us: int) -> Table:
             f"{(f.start_us - t0_us) / 1e6:.1f}",
             f.expected_fault,
             f.host,
-            component_label(f.gpu, f.nic, f.peer_host),
+            component_label(f.gpu, f.nic, f.peer_host, f.expected_fault),
             "[green]yes[/]" if fs.found else "[red]no[/]",
             f"{fs.latency_s:.1f}" if fs.found and fs.latency_s is not None else "-",
             steps.get((first, "isolate"), "-"),
@@ -258,6 +263,27 @@ def _all_found(cmds: list[IsolationCommand], truth: dict[str, Any]) -> bool:
     return score_commands(cmds, truth).all_found
 
 
+@contextlib.contextmanager
+def _logs_to_file(path: Path) -> Iterator[None]:
+    """Log lines of this process (the replay's producer, the watcher's consumer, topic
+    creation: librdkafka's "Failed to acquire idempotence PID … retrying" while the
+    broker starts) go to ``path``, as each service's go to its own log, not between the
+    demo's tables. The root logger gets a file handler for the run and loses it after."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
 def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     """Run the whole demo; every child process is stopped before this returns."""
 
@@ -284,6 +310,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
 
     # 2. Kafka, topics, the stand-in chat, and the services; all stopped on the way out.
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_logs_to_file(out / "logs" / "demo.log"))
         if config.bootstrap is None:
             with console.status("starting Kafka …"):
                 bootstrap = stack.enter_context(ensure_broker())
@@ -369,7 +396,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     console.print(
         f"found {result.matched}/{len(result.truth['faults'])} injected faults, "
         f"{result.false_isolations} false isolations, {len(result.alerts)} chat posts\n"
-        f"report:  {result.report}\narchive: {result.archive}  (Parquet; see README)\n"
+        f"report:  {result.report}\narchive: {result.archive}  (Parquet; docs/archive.md)\n"
         f"logs:    {out / 'logs'}"
     )
     return result

@@ -6,7 +6,7 @@
 
 Each reader maps one unit of input (a line, a dump file) to events or raises its
 format's error type with a reason an operator can act on; the caller reports it as bad
-input (``file:line: reason``) and goes on. the README's "Input formats" section documents every
+input (``file:line: reason``) and goes on. docs/inputs.md documents every
 field mapping and what each format cannot tell.
 """
 

@@ -25,16 +25,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from producers.formats.magic import ARROW_FILE_MAGIC, looks_like_arrow_ipc
+
 __all__ = ["looks_like_arrow_ipc", "read_ipc_table"]
-
-_FILE_MAGIC = b"ARROW1"
-_CONTINUATION = b"\xff\xff\xff\xff"
-
-
-def looks_like_arrow_ipc(head: bytes) -> bool:
-    """An IPC file starts with ``ARROW1``; an IPC stream with the continuation marker
-    (no text, gzip, pickle or Parquet file starts with byte 0xff)."""
-    return head[:6] == _FILE_MAGIC or head[:4] == _CONTINUATION
 
 
 def _extension_in(t: pa.DataType) -> bool:
@@ -51,7 +44,7 @@ def read_ipc_table(path: str | Path, columns: Iterable[str]) -> pa.Table:
     validated in full. Read through a plain file (not a memory map: a file cut short
     while mapped would crash the process instead of raising)."""
     with pa.OSFile(str(path), "rb") as src:
-        ipc_file = src.read(6) == _FILE_MAGIC
+        ipc_file = src.read(6) == ARROW_FILE_MAGIC
         src.seek(0)
         if ipc_file:
             reader = pa.ipc.open_file(src)

@@ -8,7 +8,7 @@ operations). Doubles are printed with ``%lf`` and a NaN bandwidth as the *string
 ``event_trace_ts`` inside ``coll_perf``. Unknown fields and newer
 ``inspector_output_format_version`` values are accepted: only the fields below are read.
 
-Mapping (the README's "Input formats" section has the full table):
+Mapping (docs/inputs.md has the full table):
 
 ==========================================  =====================
 Inspector                                    contract ``op`` event

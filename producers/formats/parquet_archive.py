@@ -60,6 +60,7 @@ from producers.columnar import (
 )
 from producers.events import Event, EventDecodeError
 from producers.formats.arrow_ipc import looks_like_arrow_ipc, read_ipc_table
+from producers.formats.magic import looks_like_parquet
 from producers.traces import BadLine
 
 __all__ = [
@@ -74,15 +75,9 @@ __all__ = [
     "read_parquet_messages",
 ]
 
-_MAGIC = b"PAR1"
 _ORIGIN = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_index")
 _GROUP_US = 1_000_000
 _WANTED = (*EVENT_SCHEMA.names, *_ORIGIN)
-
-
-def looks_like_parquet(head: bytes) -> bool:
-    """A Parquet file starts (and ends) with ``PAR1``."""
-    return head[:4] == _MAGIC
 
 
 def job_from_path(path: str | Path) -> str | None:

@@ -1,8 +1,8 @@
 """``c4stream actuate``: the command-line front end of the actuator.
 
-Registered by :mod:`sinks.cli`. Only typer, msgspec and the config are imported at
-module level, so ``c4stream --help`` stays fast; the Kafka and Kubernetes clients are
-imported when the command runs.
+Registered by :mod:`sinks.cli`. Only typer and the shared options are imported at
+module level, so ``c4stream --help`` stays fast; the actuator itself, the Kafka and
+Kubernetes clients are imported when the command runs.
 """
 
 from __future__ import annotations
@@ -32,23 +32,11 @@ from c4base.cli_options import (
     fail,
     given,
 )
-from c4base.config import load_section
-from c4base.runtime import FatalError
-from c4base.service import start_service
-from c4base.settings_loader import SettingsError
-from sinks.actuator.backends import ActuatorConfigError, ActuatorError
-from sinks.actuator.command_backend import CommandBackend
-from sinks.actuator.config import ACTUATOR_SECTION, DEFAULT_LEDGER, ActuatorConfig
-from sinks.actuator.consumer import run
-from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
-from sinks.actuator.ledger import Ledger
-from sinks.actuator.restart import Restarter, RestartHook, RestartLog
-from sinks.actuator.restart_command import CommandRestarter, slurm_restarter
-from sinks.actuator.restart_kubernetes import KubernetesRestarter
-from sinks.actuator.slurm_backend import SlurmBackend
 
 if TYPE_CHECKING:
     from sinks.actuator.backends import Backend
+    from sinks.actuator.config import ActuatorConfig
+    from sinks.actuator.restart import Restarter
 
 ConfigFile = config_file("[kafka], [actuator]")
 
@@ -114,13 +102,14 @@ def actuate(
         Key("deny"),
     ] = None,
     ledger: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--ledger",
-            help="SQLite file of command ids already acted on (keep it on a persistent disk).",
+            help="SQLite file of command ids already acted on (keep it on a persistent disk); "
+            "default: [actuator] ledger_path.",
         ),
         Key("ledger_path"),
-    ] = Path(DEFAULT_LEDGER),
+    ] = None,
     command_template: Annotated[
         str | None,
         typer.Option(
@@ -314,6 +303,17 @@ def actuate(
     log_json: LogJson = False,
 ) -> None:
 
+    from c4base.config import load_section
+    from c4base.runtime import FatalError
+    from c4base.service import start_service
+    from c4base.settings_loader import SettingsError
+    from sinks.actuator.backends import ActuatorConfigError, ActuatorError
+    from sinks.actuator.config import ACTUATOR_SECTION
+    from sinks.actuator.consumer import run
+    from sinks.actuator.ledger import Ledger
+    from sinks.actuator.restart import RestartHook, RestartLog
+    from sinks.actuator.restart_kubernetes import KubernetesRestarter
+
     # Flags given on the command line win over the file; the file over the defaults.
     flags = given(
         ctx,
@@ -394,6 +394,10 @@ def actuate(
 def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> Backend:
     """The configured backend; with --execute (or ``check_programs``) it checks it can
     really act (fail fast)."""
+    from sinks.actuator.command_backend import CommandBackend
+    from sinks.actuator.kubernetes_backend import KubernetesBackend, load_api_client
+    from sinks.actuator.slurm_backend import SlurmBackend
+
     real = cfg.execute if check_programs is None else check_programs
     if cfg.backend == "command":
         return CommandBackend(cfg.command, check_programs=real)
@@ -407,6 +411,10 @@ def make_backend(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> 
 def make_restarter(cfg: ActuatorConfig, *, check_programs: bool | None = None) -> Restarter | None:
     """The restarter of the configured backend; None when no job is to be restarted.
     With --execute and --restart-execute (or ``check_programs``) its programs must exist."""
+    from sinks.actuator.kubernetes_backend import load_api_client
+    from sinks.actuator.restart_command import CommandRestarter, slurm_restarter
+    from sinks.actuator.restart_kubernetes import KubernetesRestarter
+
     if not cfg.restart.jobs:
         return None
     live = (cfg.execute and cfg.restart.execute) if check_programs is None else check_programs

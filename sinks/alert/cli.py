@@ -9,7 +9,6 @@ import signal
 from pathlib import Path
 from typing import Annotated
 
-import msgspec
 import typer
 
 from c4base.cli_options import (
@@ -27,14 +26,6 @@ from c4base.cli_options import (
     fail,
     given,
 )
-from c4base.config import KAFKA_SECTION, load_section
-from c4base.runtime import FatalError
-from c4base.service import start_service
-from c4base.settings_loader import SettingsError
-from sinks.alert.alerter import Alerter
-from sinks.alert.config import ALERT_SECTION, ConfigError, load_config
-from sinks.alert.consumer import AlertService
-from sinks.alert.samples import sample_notification
 
 TEST_WITHIN_S = 20.0
 """How long ``alert test`` retries a destination."""
@@ -69,6 +60,10 @@ def _is_unified(config: Path) -> bool:
 
 def _load(config: Path):  # -> AlertConfig
     import os
+
+    from c4base.config import load_section
+    from c4base.settings_loader import SettingsError
+    from sinks.alert.config import ALERT_SECTION, ConfigError, load_config
 
     try:
         if _is_unified(config):
@@ -114,6 +109,15 @@ def alert(
         return
     if config is None:
         fail("alert", "--config alert.toml (or c4stream.toml with [alert]) is required", 2)
+    import msgspec
+
+    from c4base.config import KAFKA_SECTION, load_section
+    from c4base.runtime import FatalError
+    from c4base.service import start_service
+    from c4base.settings_loader import SettingsError
+    from sinks.alert.config import ConfigError
+    from sinks.alert.consumer import AlertService
+
     cfg = _load(config)
     # [kafka], [metrics] and [log] come from the file only when it is c4stream.toml.
     shared = config if _is_unified(config) else None
@@ -156,6 +160,9 @@ def alert_test(
 ) -> None:
     """Send one sample alert to every destination, whatever its min_severity; exit 1 on failure."""
     import asyncio
+
+    from sinks.alert.alerter import Alerter
+    from sinks.alert.samples import sample_notification
 
     _logging(log_level)
     cfg = _load(config)

@@ -30,12 +30,6 @@ from c4base.cli_options import (
     fail,
     given,
 )
-from c4base.config import load_section
-from c4base.runtime import FatalError
-from c4base.service import start_service
-from c4base.settings_loader import SettingsError
-from sinks.archive.consumer import ARCHIVE_SECTION, ArchiveConfig, Archiver
-from sinks.archive.dedupe import dedupe_archive
 
 ConfigFile = config_file("[kafka], [archive]")
 
@@ -113,6 +107,12 @@ def archive(
     """
     if ctx.invoked_subcommand is not None:
         return
+    from c4base.config import load_section
+    from c4base.runtime import FatalError
+    from c4base.service import start_service
+    from c4base.settings_loader import SettingsError
+    from sinks.archive.consumer import ARCHIVE_SECTION, ArchiveConfig, Archiver
+
     # Flags given on the command line win over [archive]; [archive] over the defaults.
     sizes = {
         name: parse_size(value)
@@ -148,6 +148,7 @@ def dedupe(
     ] = False,
 ) -> None:
     """Count (--check) or remove duplicate rows (same topic, partition, offset, index)."""
+    from sinks.archive.dedupe import dedupe_archive
 
     if not root.is_dir():
         fail("archive dedupe", f"{root} is not a directory", 2)

@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 
 from sinks.report.lateness import LatenessMap  # noqa: E402
 from streams.commands import IsolationCommand  # noqa: E402
+from streams.scoring import component_label  # noqa: E402
 
 __all__ = ["LoopStep", "write_report"]
 
@@ -188,7 +189,7 @@ def write_report(
             for x in (
                 f"{(c.ts_us - t0) / 1e6:.1f}",
                 c.host,
-                c.gpu if c.gpu is not None else (c.nic or c.peer_host or ""),
+                component_label(c.gpu, c.nic, c.peer_host, c.fault),  # as the terminal does
                 c.fault,
                 c.action + (" (dry run)" if c.dry_run else ""),
                 f"{c.confidence:.2f}",
@@ -255,7 +256,9 @@ def _loop_table(
 
     rows = "".join(
         f"<tr><td>{html.escape(injected(c))}</td><td>{(c.ts_us - t0) / 1e6:.1f}</td>"
-        f"<td>{html.escape(c.host)}</td><td>{html.escape(c.fault)}</td>"
+        f"<td>{html.escape(c.host)}</td>"
+        f"<td>{html.escape(component_label(c.gpu, c.nic, c.peer_host, c.fault))}</td>"
+        f"<td>{html.escape(c.fault)}</td>"
         f"<td>{cell(c, 'isolate')}</td><td>{cell(c, 'restart')}</td></tr>"
         for c in sorted(commands, key=lambda c: c.ts_us)
     )
@@ -263,6 +266,7 @@ def _loop_table(
         "<h2>Closing the loop</h2><p>Fault injected → decision → isolation → job restart "
         "(times in seconds on the timeline above; the actuator's steps are placed at the "
         "decision's time plus the actuator's own measured delay).</p>"
-        "<table><tr><th>injected (s)</th><th>decided (s)</th><th>host</th><th>fault</th>"
+        "<table><tr><th>injected (s)</th><th>decided (s)</th><th>host</th><th>component</th>"
+        "<th>fault</th>"
         f"<th>isolation</th><th>job restart</th></tr>{rows}</table>"
     )

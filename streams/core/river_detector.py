@@ -28,18 +28,19 @@ detector scores exactly like one that never stopped.
 from __future__ import annotations
 
 import inspect
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 import numpy as np
-from river import anomaly
-from river.base import AnomalyDetector
 
 from streams.core import checkpoint as ck
 from streams.core.config import DetectConfig, RiverConfig
 from streams.core.detector import Batch, CommView, Output, Window
 from streams.core.findings import Finding, RiverEvidence
 from streams.core.straggler import AlignerState, SeqAligner, aligner_from_state, aligner_state
+
+if TYPE_CHECKING:
+    from river.base import AnomalyDetector
 
 __all__ = ["FEATURES", "RiverDetector", "make_model"]
 
@@ -55,6 +56,10 @@ def make_model(cfg: RiverConfig) -> AnomalyDetector:
     Traceback (most recent call last):
     ValueError: [worker.detect.river] params for LODA: ... argument 'window_size'
     """
+    # imported here, when a river detector is built: river.anomaly pulls in scipy.stats
+    # (~2 s), which the other detectors and `c4stream detect` on a snapshot never need
+    from river import anomaly
+
     cls = getattr(anomaly, cfg.model)  # RiverConfig checked it names a detector class
     params = dict(cfg.params)
     if "seed" in inspect.signature(cls).parameters:

@@ -17,18 +17,22 @@ True
 from __future__ import annotations
 
 from hashlib import blake2b
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
-from river import stats as rstats
 
 from streams.core.checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from river import stats as rstats
 
 __all__ = [
     "NormalModel",
     "NormalState",
     "mad_sigma",
     "median",
+    "new_quantile",
     "quantile_from_state",
     "quantile_state",
     "robust_z",
@@ -84,6 +88,14 @@ class NormalState(msgspec.Struct, array_like=True):
     n_periods: int
 
 
+def new_quantile(p: float) -> rstats.Quantile:
+    """A river P² quantile of ``p``. river is imported on the first call, not with the
+    core: `c4stream detect` on a Flight Recorder snapshot never builds one."""
+    from river import stats
+
+    return stats.Quantile(p)
+
+
 def quantile_state(q: rstats.Quantile) -> bytes | None:
     """A river ``Quantile``'s state as plain bytes (None before its first value).
 
@@ -98,12 +110,12 @@ def quantile_state(q: rstats.Quantile) -> bytes | None:
 def quantile_from_state(p: float, data: bytes | None) -> rstats.Quantile:
     """The quantile back from :func:`quantile_state`; ``CheckpointError`` if unreadable.
 
-    >>> q = rstats.Quantile(0.5)
+    >>> q = new_quantile(0.5)
     >>> for x in range(1, 100): q.update(float(x))
     >>> quantile_from_state(0.5, quantile_state(q)).get() == q.get()
     True
     """
-    q = rstats.Quantile(p)
+    q = new_quantile(p)
     if data is None:
         return q
     # checked here, not by Rust: its decoder panics (loudly) on short input. Layout:
@@ -137,12 +149,12 @@ class NormalModel:
     """
 
     def __init__(self) -> None:
-        self._op50 = rstats.Quantile(0.5)
+        self._op50 = new_quantile(0.5)
         # p90, not p99: a few hundred samples cannot hold a stable p99, and one slow
         # collective (a checkpoint: 4 s against 30 ms) sets it for minutes, pushing the
         # hang threshold to 15 s (seen at 1,024 GPUs); p90 shrugs it off
-        self._op90 = rstats.Quantile(0.9)
-        self._period = rstats.Quantile(0.5)
+        self._op90 = new_quantile(0.9)
+        self._period = new_quantile(0.5)
         self.n_ops = 0
         self.n_periods = 0
 

@@ -28,13 +28,12 @@ from typing import ClassVar
 
 import msgspec
 import numpy as np
-from river import stats as rstats
 
 from streams.core import checkpoint as ck
 from streams.core.config import DetectConfig
 from streams.core.detector import Batch, CommView, Output, Window
 from streams.core.findings import Finding, Observation, StragglerEvidence, Waiting
-from streams.core.stats import median, quantile_from_state, quantile_state
+from streams.core.stats import median, new_quantile, quantile_from_state, quantile_state
 
 __all__ = [
     "AlignerGroup",
@@ -340,7 +339,7 @@ class StragglerDetector:
     def __init__(self, config: DetectConfig) -> None:
         self.config = config
         self.aligner = SeqAligner(0, config.seq_ring, config.min_present_frac)
-        self.step = rstats.Quantile(0.25)
+        self.step = new_quantile(0.25)
         """What peers usually spend per collective (median across ranks), learned."""
 
     def grow(self, nranks: int) -> None:

@@ -34,6 +34,9 @@ def test_a_process_that_froze_objects_keeps_them_frozen(tmp_path: Path) -> None:
     try:
         frozen = gc.get_freeze_count()
         run_detect([trace], tmp_path / "out.jsonl")
-        assert gc.get_freeze_count() == frozen and kept
+        # Frozen objects can still be freed by their last reference going (a thread of an
+        # earlier test ending: 3 of 579,864 in one run); an unfreeze would leave none, a
+        # second freeze would add the run's objects.
+        assert frozen - 1000 < gc.get_freeze_count() <= frozen and kept
     finally:
         gc.unfreeze()
