@@ -61,9 +61,10 @@ from producers.events import Event
 from producers.formats.arrow_ipc import looks_like_arrow_ipc
 from producers.formats.flight_recorder import (
     FlightRecorderError,
+    SnapshotFacts,
     looks_like_flight_recorder,
     rank_from_filename,
-    read_flight_recorder_snapshot,
+    read_snapshot_with_facts,
 )
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
 from producers.formats.parquet_archive import (
@@ -119,6 +120,9 @@ class SourceBatch:
     columns: list[EventColumns] | None = None
     """The same events as columns, one part per communicator (the Parquet archive), for
     consumers that take columns (``c4stream detect``)."""
+    facts: SnapshotFacts | None = None
+    """For Flight Recorder snapshots, on one (event-less) batch of each: what its dumps
+    say together (members without a dump, sends/receives waited in, the dump time)."""
     block: ArchiveBlock | None = None
     """Many archived messages at once, as one set of columns (``open_sources(...,
     blocks=True)``); ``columns`` is then None."""
@@ -269,10 +273,16 @@ def _is_json(path: Path) -> bool:
         return False
 
 
-def _read_snapshot(paths: list[Path], job: str, on_bad: OnBad | None) -> Iterator[SourceBatch]:
-    """One batch per event keeps the merged stream in event time; each dump is one unit."""
+def _read_snapshot(
+    paths: list[Path], job: str, on_bad: OnBad | None, dump_time_us: int | None = None
+) -> Iterator[SourceBatch]:
+    """One batch per event keeps the merged stream in event time; each dump is one unit.
+    The first batch (no events) carries the snapshot's facts."""
     snap = str(paths[0].parent)
-    for path, events in read_flight_recorder_snapshot(paths, job=job, on_bad=on_bad):
+    read, facts = read_snapshot_with_facts(paths, job=job, on_bad=on_bad,
+                                           dump_time_us=dump_time_us)  # fmt: skip
+    yield SourceBatch(f"{snap}:0", [], snapshot=snap, facts=facts)
+    for path, events in read:
         for ev in events:
             yield SourceBatch(f"{path}:0", [ev], snapshot=snap)
 
@@ -299,6 +309,7 @@ def open_sources(
     on_bad: OnBad | None = None,
     job: str | None = None,
     blocks: bool = False,
+    dump_time_us: int | None = None,
 ) -> Iterator[SourceBatch]:
     """Batches of several paths, merged by each batch's earliest event time.
 
@@ -307,7 +318,8 @@ def open_sources(
     64k rows). ``blocks``: the Parquet archive comes as :class:`ArchiveBlock` (many
     messages per batch) when it is the only stream (one directory of files, merged by
     the second of their messages; with other streams, merged by exact event time,
-    messages come one at a time as without ``blocks``).
+    messages come one at a time as without ``blocks``). ``dump_time_us``: when Flight
+    Recorder dumps were taken, for dumps whose mtimes are lost (``--dump-time``).
     """
     streams: list[Iterator[SourceBatch]] = []
     found: list[tuple[Path, Path, Kind, str]] = []  # (path given, file, kind, job)
@@ -341,7 +353,7 @@ def open_sources(
             streams.append(_read_file(f, kind, the_job, on_bad))
     for (_, the_job), files in dumps.items():
         for snapshot in _snapshots(files):
-            streams.append(_read_snapshot(snapshot, the_job, on_bad))
+            streams.append(_read_snapshot(snapshot, the_job, on_bad, dump_time_us))
     for parts in archive.values():
         # by the second their messages cover: one archiver's files in turn (as it wrote
         # them), several archivers' files interleaved; a stable merge keeps file order

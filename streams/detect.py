@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO
 
 from producers.events import Event
+from producers.formats.flight_recorder import SnapshotFacts
 from producers.sources import SourceBatch, SourceError, open_sources
 from producers.traces import BadLine
 from streams.commands import IsolationCommand, encode_command
@@ -140,6 +141,7 @@ def _run_detect(
     # Dumps (one snapshot: every rank at one moment) are judged as a whole once read;
     # they are small (a ring of at most a few thousand entries per rank).
     snapshots: dict[str, list[Event]] = {}
+    facts: dict[str, SnapshotFacts] = {}
     with _open_out(outp) as fh:
         for batch in batches:
             cols, block = batch.columns, batch.block  # the Parquet archive: as columns
@@ -153,6 +155,8 @@ def _run_detect(
                 )
             if batch.snapshot is not None:
                 snapshots.setdefault(batch.snapshot, []).extend(batch.events)
+                if batch.facts is not None:
+                    facts[batch.snapshot] = batch.facts
                 continue
             if block is not None:
                 cmds = pipe.feed_block(block)
@@ -162,8 +166,8 @@ def _run_detect(
                 cmds = pipe.feed(batch.events)
             for cmd in cmds:
                 fh.write(encode_command(cmd) + b"\n")
-        for snap in snapshots.values():
-            for cmd in pipe.judge_snapshot(snap):
+        for key, snap in snapshots.items():
+            for cmd in pipe.judge_snapshot(snap, facts.get(key)):
                 fh.write(encode_command(cmd) + b"\n")
         for cmd in pipe.finish():
             fh.write(encode_command(cmd) + b"\n")

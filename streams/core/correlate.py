@@ -372,7 +372,12 @@ class HostCorrelator:
                 comp = (None, None, None)
         rail = self._job_wide_rail(job, min(e.ts for e in live)) if fault in _HANGS else ""
         at = min(now, self._enough_at(job, host, fault, live))
-        return self._command(key, ep, comp, chosen, total, windows, comms, at, rail)
+        cmd = self._command(key, ep, comp, chosen, total, windows, comms, at, rail)
+        hold = next((e.ev.hold for e in chosen if e.ev.hold), "")
+        if hold and cmd.action != "alert_only":  # the finding says why not to isolate
+            self.isolated.get(job, deque()).remove(at)
+            cmd = msgspec.structs.replace(cmd, action="alert_only", reason=hold)
+        return cmd
 
     def _enough_at(self, job: str, host: str, fault: str, live: list[_Entry]) -> int:
         """The earliest event time at which ``live`` (evidence found enough) was enough,

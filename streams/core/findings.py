@@ -53,6 +53,9 @@ class Evidence(msgspec.Struct, kw_only=True):
     nranks: int = 0
     snapshot: bool = False
     """Judged from one Flight Recorder snapshot as a whole (``streams.core.snapshot``)."""
+    hold: str = ""
+    """Why this finding must not isolate (e.g. a snapshot whose dump time is unknown):
+    its command is ``alert_only`` with this reason."""
 
 
 class HangEvidence(Evidence, kw_only=True):
