@@ -89,7 +89,7 @@ __all__ = [
     "sniff",
 ]
 
-Kind = Literal["trace", "inspector", "flight_recorder", "parquet", "arrow_ipc"]
+Kind = Literal["trace", "inspector", "flight_recorder", "parquet", "arrow_ipc", "other"]
 _COLUMNAR = ("parquet", "arrow_ipc")
 """Kinds read as tables of events (:func:`read_parquet_columns` reads both)."""
 OnBad = Callable[[BadLine], None]
@@ -157,9 +157,10 @@ def sniff(path: str | Path) -> Kind:
     ``PAR1`` is a Parquet file (the events archive); ``ARROW1`` or ``ff ff ff ff`` an
     Arrow IPC file or stream of events; a first line that is a JSON object
     with ``header`` and ``metadata`` is Inspector; a pickle or a JSON object with Flight
-    Recorder keys is a Flight Recorder dump;
-    anything else is read as a contract trace (whose reader reports lines it cannot
-    decode, so an unknown file shows up as bad lines rather than silence).
+    Recorder keys is a Flight Recorder dump; a file whose first byte is neither ``{``
+    nor ``[`` (a log beside the dumps, a core file) is ``other``: skipped with one line
+    that says so; anything else is read as a contract trace (whose reader reports lines
+    it cannot decode, so a damaged trace shows up as bad lines rather than silence).
     """
     head = _head(Path(path))
     if looks_like_parquet(head):
@@ -169,6 +170,11 @@ def sniff(path: str | Path) -> Kind:
     if looks_like_flight_recorder(head):
         return "flight_recorder"
     first = head.lstrip().split(b"\n", 1)[0].strip()
+    if first and (
+        first[:1] not in (b"{", b"[")
+        or (first[:1] == b"[" and first[1:].lstrip()[:1] not in (b"{", b"]", b""))
+    ):
+        return "other"  # not JSON: e.g. "[rank0]: Watchdog caught …" beside the dumps
     if first.startswith(b"{"):
         try:
             obj = msgspec.json.decode(first)
@@ -342,6 +348,11 @@ def open_sources(
     dumps: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
     alone = len(found) == 1
     for p, f, kind, the_job in found:
+        if kind == "other":
+            if on_bad is not None:
+                on_bad(BadLine(str(f), 0, b"", "not a Flight Recorder dump, event trace, "
+                               "Inspector log or events archive: skipped"))  # fmt: skip
+            continue
         if kind == "flight_recorder":
             dumps.setdefault((p, the_job), []).append(f)
         elif kind in _COLUMNAR:

@@ -243,8 +243,7 @@ def write(out: Path, steps: int, ring: int) -> dict[str, Any]:
                     name = spec["name"].format(r=r, h=r // 4) + (".json" if fmt == "json" else "")
                     (d / name).write_bytes(body)
         (out / case / "v2.4" / "pickle" / "train_rank_logs.txt").write_text(
-            "[rank0]: step 5 loss 2.31\n[rank0]: Watchdog caught collective operation "
-            "timeout\n"
+            "[rank0]: step 5 loss 2.31\n[rank0]: Watchdog caught collective operation timeout\n"
         )  # a log beside the dumps, as jobs leave them
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
