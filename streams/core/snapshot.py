@@ -196,6 +196,8 @@ def judge_snapshot(
             out += _judge_hang(comm, config, blocked, newest, facts)
         out += _judge_stragglers(comm, config, released)
     out += absent + p2p
+    if facts.groups and not facts.p2p_recorded and not absent:
+        out = _unrecorded_p2p(out, {k[0] for k in newest if k not in blocked})
     if not time_known:
         # a rank named late by its arrivals is the one waited for: the missing-ranks
         # alert about it says nothing more
@@ -256,7 +258,9 @@ def _judge_absent(
                 continue
             for local, p in c.progress.items():
                 if local < len(g.members) and _waits_in(c, local, newest):
-                    waits.append((g.name, g.members[local], p.inflight_us or 0.0))
+                    op = c.ops.get(local, {}).get(int(p.started))  # gave up there: since
+                    since = p.inflight_us or (p.ts_us - _when(op) if op else 0.0)
+                    waits.append((g.name, g.members[local], float(since)))
         now = max((c.now() for c in comms.values()), default=0)
         for w in facts.p2p_waits:
             if w.peer == rank:
@@ -293,6 +297,27 @@ def _judge_absent(
         v = c.verdict("noncomm_hang", -1, 0.95, reason, start, c.now(), ev)
         out.append(msgspec_replace(v, host=host, ranks=[rank], gpu=None))
     return out
+
+
+def _unrecorded_p2p(out: list[Verdict], free: set[str]) -> list[Verdict]:
+    """With a backend that records no send/recv (gloo), a rank behind in a collective
+    and waiting in none may be blocked in a receive from another such rank: when more
+    than one rank is free like that, the dumps cannot tell the culprit from its victims,
+    so each is only reported (a pipeline hang: its stage waits in ``recv``)."""
+    hangs = [v for v in out if v.fault == "noncomm_hang" and not v.evidence.get("hold")]
+    if len(free) < 2 or not hangs:
+        return out
+    names = ", ".join(sorted(free))
+    keep = [v for v in out if v not in hangs]
+    for v in hangs:
+        hold = (
+            f"{v.reason.rstrip('.')}; but {len(free)} ranks ({names}) wait in no recorded "
+            "collective, and this backend records no send/recv (gloo): any of them may be "
+            "waiting in a receive from another, so the dumps cannot tell the culprit from "
+            "its victims; not isolated"
+        )
+        keep.append(msgspec_replace(v, evidence={**v.evidence, "hold": hold}))
+    return keep
 
 
 def _judge_p2p(
