@@ -259,7 +259,8 @@ _DTYPE_BYTES = {
 _OP_NAMES = {
     "all_reduce": "AllReduce", "allreduce": "AllReduce", "all_reduce_coalesced": "AllReduce",
     "allreduce_coalesced": "AllReduce", "all_gather": "AllGather", "allgather": "AllGather",
-    "_allgather_base": "AllGather", "all_gather_into_tensor_coalesced": "AllGather",
+    "_allgather_base": "AllGather", "_all_gather_base": "AllGather",
+    "all_gather_into_tensor_coalesced": "AllGather",
     "allgather_into_tensor_coalesced": "AllGather", "allgather_coalesced": "AllGather",
     "reduce_scatter": "ReduceScatter", "_reduce_scatter_base": "ReduceScatter",
     "reduce_scatter_tensor_coalesced": "ReduceScatter", "broadcast": "Broadcast",
@@ -671,7 +672,7 @@ def _mtime_trusted(entries: list[dict[str, Any]], mtime_us: int | None) -> bool:
     return _dump_time_us(entries, mtime_us) == mtime_us
 
 
-_GATHERS = ("all_gather", "allgather", "_allgather_base", "gather")
+_GATHERS = ("all_gather", "allgather", "_allgather_base", "_all_gather_base", "gather")
 
 
 def _group_size_seen(entries: list[dict[str, Any]]) -> int | None:

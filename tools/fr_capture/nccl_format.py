@@ -105,7 +105,7 @@ def _program(rank: int, steps: int) -> list[tuple[str, str, int | None, str]]:
             ops += [("pipeline", "recv", peer, ""), ("tensor", "all_reduce", None, ""),
                     ("tensor", "all_reduce", None, ""),
                     ("pipeline", "send", peer, "send")]  # fmt: skip
-        ops += [("data", "all_reduce", None, "data"), ("data", "_allgather_base", None, ""),
+        ops += [("data", "all_reduce", None, "data"), ("data", "_all_gather_base", None, ""),
                 ("world", "all_reduce", None, "")]  # fmt: skip
         for i in range(len(ops) - 8, len(ops)):
             k, o, p, f = ops[i]
