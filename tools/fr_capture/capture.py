@@ -63,7 +63,7 @@ def _groups(world: int) -> list[list[int]]:
     return pairs + evens
 
 
-def _dump(prefix: Path, rank: int) -> None:
+def _dump(prefix: Path, rank: int, backend: str = "gloo") -> None:
     # Both formats through PyTorch's own dump APIs, written as <prefix><rank> (pickle,
     # the name the watchdog's file writer uses) and <prefix><rank>.json. Not through
     # _dump_fr_trace_file: its writer fixes TORCH_FR_DUMP_TEMP_FILE at first use, so a
@@ -71,8 +71,14 @@ def _dump(prefix: Path, rank: int) -> None:
     import torch._C._distributed_c10d as c10d  # torch is optional: only this tool needs it
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{prefix}{rank}").write_bytes(c10d._dump_fr_trace(includeStackTraces=False))
-    Path(f"{prefix}{rank}.json").write_bytes(c10d._dump_fr_trace_json())
+    if backend == "nccl":  # ProcessGroupNCCL's own recorder (CUDA events)
+        pkl = c10d._dump_nccl_trace(includeCollectives=True, includeStackTraces=False,
+                                    onlyActive=False)  # fmt: skip
+        js = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=False)
+    else:
+        pkl, js = c10d._dump_fr_trace(includeStackTraces=False), c10d._dump_fr_trace_json()
+    Path(f"{prefix}{rank}").write_bytes(pkl)
+    Path(f"{prefix}{rank}.json").write_bytes(js.encode() if isinstance(js, str) else js)
 
 
 def _worker(args: argparse.Namespace, rank: int) -> None:
@@ -188,10 +194,15 @@ def _worker_3d(args: argparse.Namespace, rank: int) -> None:
     import torch.distributed as dist
 
     out = Path(args.out)
-    name = "comm_lib_trace_rank_"
+    backend = args.backend
+    name = "nccl_trace_rank_" if backend == "nccl" else "comm_lib_trace_rank_"
     store = dist.TCPStore("127.0.0.1", args.port, args.world, rank == 0, timedelta(seconds=30))
     to = timedelta(seconds=args.timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=args.world, timeout=to)
+    device = "cpu"
+    if backend == "nccl":  # one GPU per rank (ranks beyond the GPUs share them round-robin)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = "cuda"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=args.world, timeout=to)
     layout = _groups_3d(args.world)
     handles: dict[str, object] = {}
     for kind in ("tensor", "pipeline", "data"):  # every rank creates every group, in order
@@ -202,8 +213,8 @@ def _worker_3d(args: argparse.Namespace, rank: int) -> None:
     stage = (rank // 2) % 2
     peer = rank + 2 if stage == 0 else rank - 2  # pipeline peer
     rng = random.Random(rank)
-    act = torch.ones(args.elems)
-    small = torch.ones(8)
+    act = torch.ones(args.elems, device=device)
+    small = torch.ones(8, device=device)
     bad = rank == args.bad_rank
     case = args.case
     hang_case = case in ("dp-hang", "pp-hang", "crash")
@@ -214,7 +225,7 @@ def _worker_3d(args: argparse.Namespace, rank: int) -> None:
     if not hang_case:
         threading.Thread(
             target=lambda: (time.sleep(max(0.0, t_mid - time.time())),
-                            _dump(out / "mid" / name, rank)),
+                            _dump(out / "mid" / name, rank, backend)),
             daemon=True,
         ).start()  # fmt: skip
 
@@ -223,9 +234,9 @@ def _worker_3d(args: argparse.Namespace, rank: int) -> None:
         # fired (a rank that gave up stays where it stopped), then exit.
         def later() -> None:
             time.sleep(args.dump_after)
-            _dump(out / "during" / name, rank)
+            _dump(out / "during" / name, rank, backend)
             time.sleep(args.timeout - args.dump_after + args.after_timeout_s)
-            _dump(out / "after_timeout" / name, rank)
+            _dump(out / "after_timeout" / name, rank, backend)
             time.sleep(0.5)
             os._exit(0)
 
@@ -238,6 +249,8 @@ def _worker_3d(args: argparse.Namespace, rank: int) -> None:
             time.sleep(args.late_ms / 1000)  # every rank alike
         try:
             fn()
+            if backend == "nccl":  # NCCL is asynchronous: wait as the gloo job does
+                torch.cuda.synchronize()
         except RuntimeError as err:  # a timeout behind the hang: stop here
             print(f"rank {rank}: {type(err).__name__}: {str(err)[:160]}", file=sys.stderr)
             while True:
@@ -276,7 +289,7 @@ def _worker_3d(args: argparse.Namespace, rank: int) -> None:
         op(lambda: dist.all_reduce(act, group=dp))  # ZeRO: the reduce-scatter
         op(lambda: dist.all_gather([torch.empty_like(small) for _ in range(2)], small, group=dp))
         op(lambda: dist.all_reduce(small))  # the gradient norm, world
-    _dump(out / "end" / name, rank)
+    _dump(out / "end" / name, rank, backend)
     dist.destroy_process_group()
 
 
@@ -286,11 +299,18 @@ def _manifest(args: argparse.Namespace) -> None:
     out = Path(args.out)
     files = {
         str(p.relative_to(out)): p.stat().st_mtime_ns
-        for p in sorted(out.rglob("comm_lib_trace_rank_*"))
+        for p in sorted(
+            [
+                *out.rglob("comm_lib_trace_rank_*"),
+                *out.rglob("nccl_trace_rank_*"),
+                *out.rglob("_dump_*"),
+            ]
+        )
     }
     if args.layout == "3d":
         meta3 = {
-            "torch": torch.__version__, "backend": "gloo", "layout": "3d", "case": args.case,
+            "torch": torch.__version__, "backend": getattr(args, "backend", "gloo"),
+            "layout": "3d", "case": args.case,
             "world": args.world, "groups": {"world": list(range(args.world)), **_groups_3d()},
             "steps": args.steps, "compute_ms": args.compute_ms, "timeout_s": args.timeout,
             "bad_rank": None if args.case in ("healthy", "slowdown") else args.bad_rank,
@@ -329,6 +349,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("case", choices=sorted({"healthy", "hang", "straggler", *CASES_3D}))
     ap.add_argument("--layout", choices=["groups", "3d"], default="groups")
+    ap.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default="gloo",
+        help="3d: nccl needs a GPU machine (one GPU per rank); not run here",
+    )
     ap.add_argument("--hang-step", type=int, default=8, help="3d: the step of the fault")
     ap.add_argument("--out", required=True)
     ap.add_argument("--world", type=int, default=4)
@@ -356,12 +382,20 @@ def main() -> None:
     if args.worker is not None:
         (_worker_3d if args.layout == "3d" else _worker)(args, args.worker)
         return
+    if args.backend == "nccl" and args.layout != "3d":
+        ap.error("--backend nccl runs the 3d layout")
     if args.layout == "3d" and (args.world != 8 or args.case == "hang"):
         ap.error("--layout 3d runs 8 ranks and the cases " + ", ".join(CASES_3D))
     if args.layout == "groups" and args.case not in ("healthy", "hang", "straggler"):
         ap.error(f"case {args.case} needs --layout 3d")
     # torch 2.9 records nothing unless the buffer size is set; 2.15 defaults to 2000
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")}
+    if args.backend == "nccl":  # older releases read the NCCL names; the watchdog dumps too
+        env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", env["TORCH_FR_BUFFER_SIZE"])
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(args.out) / "watchdog" / "_dump_"))
+        env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", env["TORCH_FR_DUMP_TEMP_FILE"])
+        (Path(args.out) / "watchdog").mkdir(parents=True, exist_ok=True)
     procs = [
         subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--worker", str(r)], env=env)
         for r in range(args.world)
