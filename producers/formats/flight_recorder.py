@@ -738,7 +738,7 @@ def snapshot_facts(
             if isinstance(info, dict) and info.get("desc"):
                 descs.setdefault(str(key), str(info["desc"]))
             world = max(world, max(ranks) + 1)
-    for rank in range(world):
+    for rank in range(world if len(dumps) > 1 else 0):  # one dump alone: no peers known
         if rank not in dumps:
             facts.absent[rank] = "no dump"
         elif not _entries(dumps[rank]):

@@ -74,14 +74,17 @@ def _fr_trace(d: Path) -> str:
     return "; ".join(uniq[:4]) + (f" (+{len(uniq) - 4})" if len(uniq) > 4 else "") or "nothing"
 
 
-def _c4(d: Path, times: dict, c4stream: str, tmp: Path) -> str:
-    copy = tmp / "c4"
+def _c4(d: Path, times: dict | None, c4stream: str, tmp: Path) -> str:
+    """``times`` None: a fresh copy (mtimes now), as after ``cp`` without ``-p``."""
+    copy = tmp / ("c4" if times is not None else "c4-copied")
     shutil.copytree(d, copy)
     for f in copy.iterdir():
-        ns = times.get(f.name)
+        ns = (times or {}).get(f.name)
         if ns is not None:
             os.utime(f, ns=(ns, ns))
-    out = tmp / "c.jsonl"
+        elif times is None:
+            os.utime(f)
+    out = copy.with_suffix(".jsonl")
     subprocess.run([c4stream, "detect", str(copy), "--out", str(out), "-q"],
                    capture_output=True, timeout=300, check=False)  # fmt: skip
     cmds = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
@@ -101,7 +104,8 @@ def main() -> None:
     ap.add_argument("roots", nargs="+", type=Path)
     ap.add_argument("--c4stream", default="c4stream")
     args = ap.parse_args()
-    print("| set | snapshot | `fr_trace` | `c4stream detect` |\n|---|---|---|---|")
+    print("| set | snapshot | `fr_trace` | `c4stream detect` | `c4stream detect`, copied "
+          "(no dump time) |\n|---|---|---|---|---|")  # fmt: skip
     for root in args.roots:
         for snap in sorted(root.glob("*/*/pickle")):
             case, moment = snap.parent.parent.name, snap.parent.name
@@ -109,7 +113,8 @@ def main() -> None:
                 _for_analyzer(snap, Path(tmp) / "fr")
                 fr = _fr_trace(Path(tmp) / "fr")
                 c4 = _c4(snap, _times(root, case, moment), args.c4stream, Path(tmp))
-            print(f"| {root.name} | {case}/{moment} | {fr} | {c4} |", flush=True)
+                copied = _c4(snap, None, args.c4stream, Path(tmp))
+            print(f"| {root.name} | {case}/{moment} | {fr} | {c4} | {copied} |", flush=True)
 
 
 if __name__ == "__main__":
