@@ -40,10 +40,15 @@ The dump time is not in the file: it is the newest timestamp in the entries, mov
 to the file's mtime when that lies within the largest ``timeout_ms`` (+1 min) after it —
 a watchdog dump is written right after the timeout, a copied file is not trusted.
 
+A snapshot's dumps read together (:func:`read_snapshot_with_facts`) also tell
+(:class:`SnapshotFacts`) each group's members by name across ranks, the members that
+left no dump or an empty one, the sends/receives a rank had not finished (NCCL names
+them ``nccl:send <me>-><peer>``; gloo records none), and whether the dump time is known.
+
 What it cannot tell: the hostname (``host`` is ``host-rank<N>``, PyTorch's analyzer's
 ``host_rank<N>`` made a valid RFC 1123 name, unless the dump carries a ``hostname``),
-GPU and NIC, per-connection traffic, anything older than the ring buffer, and p2p
-operations are skipped (``p2p_seq_id`` does not match across ranks).
+GPU and NIC, per-connection traffic, anything older than the ring buffer; p2p
+operations give no ``op`` events (``p2p_seq_id`` does not match across ranks).
 
 >>> dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg",
 ...         "ranks": "[0, 1]"}}, "pg_status": {"0": {"last_enqueued_collective": 2,
@@ -729,7 +734,7 @@ def snapshot_facts(
             by_group.setdefault(name, []).append(e)
             facts.p2p_recorded |= bool(e.get("is_p2p"))
         pg_config = dump.get("pg_config")
-        for key, info in (pg_config.items() if isinstance(pg_config, dict) else []):
+        for key, info in pg_config.items() if isinstance(pg_config, dict) else []:
             ranks = _ranks(info)
             if not key or not ranks or rank not in ranks:
                 continue  # gloo's '' entry, or a list that does not hold the rank itself

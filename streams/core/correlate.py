@@ -601,6 +601,14 @@ def _reason(
         wait = max((x.wait_s for x in hs), default=0.0)
         coll = f"collective {tgt[0]}" if len(tgt) == 1 else "the current collective"
         gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None} | (silent_gpus or set()))
+        absent = next((x.absent for x in hs if x.absent), "")
+        if absent:  # a snapshot member with nothing to say while its peers wait for it
+            what = ("left no dump: its process died or never reached the dump"
+                    if absent == "no dump" else "wrote an empty dump: it is wedged")  # fmt: skip
+            return (
+                f"{host} {what}; {max(x.peers_waiting for x in hs)} ranks waited "
+                f"{wait:.1f} s for it on {on}."
+            )
         if gpu is None and len(gpus) >= 2:  # the host as a whole
             silent = all(x.silent for x in hs) or bool(silent_gpus)
             gone = "went silent" if silent else "stopped as a whole"

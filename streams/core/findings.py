@@ -72,6 +72,8 @@ class HangEvidence(Evidence, kw_only=True):
     """Snapshots: the collective the peers are in (or ended), when not the target."""
     peers_ended_without_it: bool = False
     """Snapshots: the peers ended the collective without it (timed out or aborted)."""
+    absent: str = ""
+    """Snapshots: it left ``no dump`` or an ``empty dump`` while its peers wait for it."""
 
 
 class CommHangEvidence(Evidence, kw_only=True):

@@ -62,6 +62,9 @@ def test_every_snapshot_names_the_culprit_and_isolates_nobody_else(
                 assert res.commands == [], where
             elif case in ("dp-hang", "crash"):
                 assert acting == [(f"host-rank{bad}", "noncomm_hang")], where
+                assert len(res.commands) == 1, where
+                if case == "crash":
+                    assert "left no dump" in res.commands[0].reason, where
             elif case == "pp-hang":
                 # gloo records no send/recv: the stage waiting in recv cannot be told from
                 # the one that never sent; alert, isolate nobody, name the culprit
