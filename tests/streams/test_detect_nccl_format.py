@@ -112,3 +112,34 @@ def test_a_log_beside_the_dumps_is_skipped_with_one_line(tmp_path: Path) -> None
     assert (src / "train_rank_logs.txt").exists()
     _, bad = _detect(src, tmp_path)
     assert [(Path(b.path).name, b.lineno) for b in bad] == [("train_rank_logs.txt", 0)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("given", ["1760000181.2", "2025-10-09T08:56:21.2Z", None, "soon"])
+def test_cli_dump_time(given: str | None, tmp_path: Path) -> None:
+    """``c4stream detect DIR --dump-time T`` on copied dumps: isolates with a time,
+    alerts without one, refuses a time it cannot read."""
+    import subprocess
+    import sys
+
+    src = _copy("dp-hang", "v2.4", "pickle", tmp_path, dump_time=False)
+    out = tmp_path / "c.jsonl"
+    cmd = [
+        str(Path(sys.executable).parent / "c4stream"),
+        "detect",
+        str(src),
+        "--out",
+        str(out),
+        "-q",
+    ]
+    if given is not None:
+        cmd += ["--dump-time", given]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    if given == "soon":
+        assert run.returncode != 0 and "neither ISO 8601 nor seconds" in run.stderr
+        return
+    assert run.returncode == 0, run.stderr
+    assert "train_rank_logs.txt:0: not a Flight Recorder dump" in run.stderr
+    [c] = [json.loads(x) for x in out.read_text().splitlines()]
+    assert c["host"] == "host-rank2"
+    assert (c["action"] == "alert_only") == (given is None)
