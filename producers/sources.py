@@ -59,9 +59,10 @@ import numpy as np
 from producers.events import Event
 from producers.formats.flight_recorder import (
     FlightRecorderError,
+    SnapshotFacts,
     looks_like_flight_recorder,
     rank_from_filename,
-    read_flight_recorder_snapshot,
+    read_snapshot_with_facts,
 )
 from producers.formats.inspector import inspector_job_from_dir, read_inspector_file
 from producers.formats.magic import looks_like_arrow_ipc, looks_like_parquet
@@ -84,7 +85,7 @@ __all__ = [
     "sniff",
 ]
 
-Kind = Literal["trace", "inspector", "flight_recorder", "parquet", "arrow_ipc"]
+Kind = Literal["trace", "inspector", "flight_recorder", "parquet", "arrow_ipc", "other"]
 _COLUMNAR = ("parquet", "arrow_ipc")
 """Kinds read as tables of events (:func:`read_parquet_columns` reads both)."""
 OnBad = Callable[[BadLine], None]
@@ -115,6 +116,9 @@ class SourceBatch:
     columns: list[EventColumns] | None = None
     """The same events as columns, one part per communicator (the Parquet archive), for
     consumers that take columns (``c4stream detect``)."""
+    facts: SnapshotFacts | None = None
+    """For Flight Recorder snapshots, on one (event-less) batch of each: what its dumps
+    say together (members without a dump, sends/receives waited in, the dump time)."""
     block: ArchiveBlock | None = None
     """Many archived messages at once, as one set of columns (``open_sources(...,
     blocks=True)``); ``columns`` is then None."""
@@ -149,9 +153,10 @@ def sniff(path: str | Path) -> Kind:
     ``PAR1`` is a Parquet file (the events archive); ``ARROW1`` or ``ff ff ff ff`` an
     Arrow IPC file or stream of events; a first line that is a JSON object
     with ``header`` and ``metadata`` is Inspector; a pickle or a JSON object with Flight
-    Recorder keys is a Flight Recorder dump;
-    anything else is read as a contract trace (whose reader reports lines it cannot
-    decode, so an unknown file shows up as bad lines rather than silence).
+    Recorder keys is a Flight Recorder dump; a file whose first byte is neither ``{``
+    nor ``[`` (a log beside the dumps, a core file) is ``other``: skipped with one line
+    that says so; anything else is read as a contract trace (whose reader reports lines
+    it cannot decode, so a damaged trace shows up as bad lines rather than silence).
     """
     head = _head(Path(path))
     if looks_like_parquet(head):
@@ -161,6 +166,11 @@ def sniff(path: str | Path) -> Kind:
     if looks_like_flight_recorder(head):
         return "flight_recorder"
     first = head.lstrip().split(b"\n", 1)[0].strip()
+    if first and (
+        first[:1] not in (b"{", b"[")
+        or (first[:1] == b"[" and first[1:].lstrip()[:1] not in (b"{", b"]", b""))
+    ):
+        return "other"  # not JSON: e.g. "[rank0]: Watchdog caught …" beside the dumps
     if first.startswith(b"{"):
         try:
             obj = msgspec.json.decode(first)
@@ -268,10 +278,16 @@ def _is_json(path: Path) -> bool:
         return False
 
 
-def _read_snapshot(paths: list[Path], job: str, on_bad: OnBad | None) -> Iterator[SourceBatch]:
-    """One batch per event keeps the merged stream in event time; each dump is one unit."""
+def _read_snapshot(
+    paths: list[Path], job: str, on_bad: OnBad | None, dump_time_us: int | None = None
+) -> Iterator[SourceBatch]:
+    """One batch per event keeps the merged stream in event time; each dump is one unit.
+    The first batch (no events) carries the snapshot's facts."""
     snap = str(paths[0].parent)
-    for path, events in read_flight_recorder_snapshot(paths, job=job, on_bad=on_bad):
+    read, facts = read_snapshot_with_facts(paths, job=job, on_bad=on_bad,
+                                           dump_time_us=dump_time_us)  # fmt: skip
+    yield SourceBatch(f"{snap}:0", [], snapshot=snap, facts=facts)
+    for path, events in read:
         for ev in events:
             yield SourceBatch(f"{path}:0", [ev], snapshot=snap)
 
@@ -298,6 +314,7 @@ def open_sources(
     on_bad: OnBad | None = None,
     job: str | None = None,
     blocks: bool = False,
+    dump_time_us: int | None = None,
 ) -> Iterator[SourceBatch]:
     """Batches of several paths, merged by each batch's earliest event time.
 
@@ -306,7 +323,8 @@ def open_sources(
     64k rows). ``blocks``: the Parquet archive comes as :class:`ArchiveBlock` (many
     messages per batch) when it is the only stream (one directory of files, merged by
     the second of their messages; with other streams, merged by exact event time,
-    messages come one at a time as without ``blocks``).
+    messages come one at a time as without ``blocks``). ``dump_time_us``: when Flight
+    Recorder dumps were taken, for dumps whose mtimes are lost (``--dump-time``).
     """
     streams: list[Iterator[SourceBatch]] = []
     found: list[tuple[Path, Path, Kind, str]] = []  # (path given, file, kind, job)
@@ -329,6 +347,11 @@ def open_sources(
     dumps: dict[tuple[Path, str], list[Path]] = {}  # Flight Recorder dumps by directory
     alone = len(found) == 1
     for p, f, kind, the_job in found:
+        if kind == "other":
+            if on_bad is not None:
+                on_bad(BadLine(str(f), 0, b"", "not a Flight Recorder dump, event trace, "
+                               "Inspector log or events archive: skipped"))  # fmt: skip
+            continue
         if kind == "flight_recorder":
             dumps.setdefault((p, the_job), []).append(f)
         elif kind in _COLUMNAR:
@@ -342,7 +365,7 @@ def open_sources(
             streams.append(_read_file(f, kind, the_job, on_bad))
     for (_, the_job), files in dumps.items():
         for snapshot in _snapshots(files):
-            streams.append(_read_snapshot(snapshot, the_job, on_bad))
+            streams.append(_read_snapshot(snapshot, the_job, on_bad, dump_time_us))
     for parts in archive.values():
         # by the second their messages cover: one archiver's files in turn (as it wrote
         # them), several archivers' files interleaved; a stable merge keeps file order

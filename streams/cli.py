@@ -73,6 +73,23 @@ def worker(
     raise typer.Exit(code)
 
 
+def _epoch_us(text: str) -> int:
+    """``2026-12-01T23:40:05Z`` (no zone: UTC) or ``1796115275.48`` → µs since the epoch."""
+    from datetime import UTC, datetime
+
+    try:
+        return int(float(text) * 1e6)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is neither ISO 8601 nor seconds since the epoch") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return int(t.timestamp() * 1e6)
+
+
 def detect(
     traces: Annotated[
         list[Path],
@@ -96,6 +113,14 @@ def detect(
         int | None, typer.Option("--job-hosts", help="Hosts in the job (for the isolation cap).")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary table.")] = False,
+    dump_time: Annotated[
+        str | None,
+        typer.Option(
+            "--dump-time",
+            help="When Flight Recorder dumps were taken (ISO 8601, or seconds since the "
+            "epoch), for dumps whose mtimes a copy lost; without it, such dumps only alert",
+        ),
+    ] = None,
     config: Annotated[
         Path | None,
         typer.Option(
@@ -139,8 +164,15 @@ def detect(
         elif shown == 21:
             typer.echo("bad input: more bad lines follow; counting only", err=True)
 
+    dump_us = None
+    if dump_time is not None:
+        try:
+            dump_us = _epoch_us(dump_time)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--dump-time") from None
     try:
-        res = run_detect(traces, out, detect_cfg, policy=policy, on_bad=on_bad)
+        res = run_detect(traces, out, detect_cfg, policy=policy, on_bad=on_bad,
+                         dump_time_us=dump_us)  # fmt: skip
     except DetectInputError as e:
         fail("detect", e, 2)
     if not quiet:

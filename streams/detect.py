@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO
 
 from producers.events import Event
+from producers.formats.flight_recorder import SnapshotFacts
 from producers.sources import SourceBatch, SourceError, open_sources
 from producers.traces import BadLine
 from streams.commands import IsolationCommand, encode_command
@@ -66,7 +67,9 @@ def _open_out(path: Path) -> IO[bytes]:
     return gzip.open(path, "wb") if path.suffix == ".gz" else open(path, "wb")
 
 
-def _batches(paths: list[Path], on_bad: Callable[[BadLine], None]) -> Iterator[SourceBatch]:
+def _batches(
+    paths: list[Path], on_bad: Callable[[BadLine], None], dump_time_us: int | None = None
+) -> Iterator[SourceBatch]:
     """Batches from the inputs (any format :mod:`producers.sources` reads): events, or
     columns (the Parquet archive), and the snapshot a Flight Recorder dump belongs to."""
     for p in paths:
@@ -75,7 +78,7 @@ def _batches(paths: list[Path], on_bad: Callable[[BadLine], None]) -> Iterator[S
                 f"{p}: no such file or directory; give a trace file or dump directory that exists"
             )
     try:
-        yield from open_sources(paths, on_bad=on_bad, blocks=True)
+        yield from open_sources(paths, on_bad=on_bad, blocks=True, dump_time_us=dump_time_us)
     except SourceError as err:
         raise DetectInputError(str(err)) from None
     except OSError as err:
@@ -113,10 +116,14 @@ def run_detect(
     detect: DetectConfig | None = None,
     policy: PolicyConfig | None = None,
     on_bad: Callable[[BadLine], None] | None = None,
+    dump_time_us: int | None = None,
 ) -> DetectResult:
-    """Run the core over ``paths`` and write the isolation commands to ``out`` (JSON lines)."""
+    """Run the core over ``paths`` and write the isolation commands to ``out`` (JSON lines).
+
+    ``dump_time_us``: when Flight Recorder dumps were taken (``--dump-time``), for dumps
+    whose mtimes were lost in a copy."""
     with _collector_tuned():
-        return _run_detect(paths, out, detect, policy, on_bad)
+        return _run_detect(paths, out, detect, policy, on_bad, dump_time_us)
 
 
 def _run_detect(
@@ -125,6 +132,7 @@ def _run_detect(
     detect: DetectConfig | None,
     policy: PolicyConfig | None,
     on_bad: Callable[[BadLine], None] | None,
+    dump_time_us: int | None = None,
 ) -> DetectResult:
     res = DetectResult()
     t0 = time.perf_counter()
@@ -136,10 +144,11 @@ def _run_detect(
 
     pipe = DetectionPipeline(detect, policy)
     outp = Path(out)
-    batches = _batches([Path(p) for p in paths], bad)
+    batches = _batches([Path(p) for p in paths], bad, dump_time_us)
     # Dumps (one snapshot: every rank at one moment) are judged as a whole once read;
     # they are small (a ring of at most a few thousand entries per rank).
     snapshots: dict[str, list[Event]] = {}
+    facts: dict[str, SnapshotFacts] = {}
     with _open_out(outp) as fh:
         for batch in batches:
             cols, block = batch.columns, batch.block  # the Parquet archive: as columns
@@ -153,6 +162,8 @@ def _run_detect(
                 )
             if batch.snapshot is not None:
                 snapshots.setdefault(batch.snapshot, []).extend(batch.events)
+                if batch.facts is not None:
+                    facts[batch.snapshot] = batch.facts
                 continue
             if block is not None:
                 cmds = pipe.feed_block(block)
@@ -162,8 +173,8 @@ def _run_detect(
                 cmds = pipe.feed(batch.events)
             for cmd in cmds:
                 fh.write(encode_command(cmd) + b"\n")
-        for snap in snapshots.values():
-            for cmd in pipe.judge_snapshot(snap):
+        for key, snap in snapshots.items():
+            for cmd in pipe.judge_snapshot(snap, facts.get(key)):
                 fh.write(encode_command(cmd) + b"\n")
         for cmd in pipe.finish():
             fh.write(encode_command(cmd) + b"\n")

@@ -40,10 +40,15 @@ The dump time is not in the file: it is the newest timestamp in the entries, mov
 to the file's mtime when that lies within the largest ``timeout_ms`` (+1 min) after it —
 a watchdog dump is written right after the timeout, a copied file is not trusted.
 
+A snapshot's dumps read together (:func:`read_snapshot_with_facts`) also tell
+(:class:`SnapshotFacts`) each group's members by name across ranks, the members that
+left no dump or an empty one, the sends/receives a rank had not finished (NCCL names
+them ``nccl:send <me>-><peer>``; gloo records none), and whether the dump time is known.
+
 What it cannot tell: the hostname (``host`` is ``host-rank<N>``, PyTorch's analyzer's
 ``host_rank<N>`` made a valid RFC 1123 name, unless the dump carries a ``hostname``),
-GPU and NIC, per-connection traffic, anything older than the ring buffer, and p2p
-operations are skipped (``p2p_seq_id`` does not match across ranks).
+GPU and NIC, per-connection traffic, anything older than the ring buffer; p2p
+operations give no ``op`` events (``p2p_seq_id`` does not match across ranks).
 
 >>> dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg",
 ...         "ranks": "[0, 1]"}}, "pg_status": {"0": {"last_enqueued_collective": 2,
@@ -66,6 +71,7 @@ import os
 import pickle
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +83,10 @@ from producers.traces import BadLine
 
 __all__ = [
     "FlightRecorderError",
+    "GroupFacts",
+    "P2PWait",
+    "SnapshotFacts",
+    "default_host",
     "dump_to_events",
     "load_flight_recorder_dump",
     "looks_like_flight_recorder",
@@ -84,7 +94,54 @@ __all__ = [
     "group_members",
     "read_flight_recorder",
     "read_flight_recorder_snapshot",
+    "read_snapshot_with_facts",
+    "snapshot_facts",
 ]
+
+
+@dataclass(slots=True)
+class GroupFacts:
+    """One process group of a snapshot, as all its dumps together tell it."""
+
+    name: str
+    desc: str
+    members: list[int]
+    """Global ranks, sorted (a group's local rank is its index here)."""
+    size: int
+    """The group's size where the dumps record it (``pg_config``, an all-gather's
+    outputs, the world), else ``len(members)``; larger than ``members`` when a member's
+    dump is missing and it cannot be told which rank that is."""
+
+
+@dataclass(slots=True)
+class P2PWait:
+    """A send or receive a rank had not finished at its dump (NCCL records them)."""
+
+    group: str
+    rank: int
+    """Global rank that waits."""
+    peer: int | None
+    """Global rank it sends to or receives from (``None``: not in the name)."""
+    op: str
+    """``send`` or ``recv``."""
+    since_ns: int
+
+
+@dataclass(slots=True)
+class SnapshotFacts:
+    """What a snapshot's dumps say together beyond the events: who is in which group,
+    who left no dump or an empty one, unfinished sends/receives, and whether the dump
+    time is known (a trusted mtime on every dump, or ``--dump-time``)."""
+
+    groups: dict[str, GroupFacts] = field(default_factory=dict)
+    absent: dict[int, str] = field(default_factory=dict)
+    """Global rank → why it has nothing to say (``no dump`` or ``empty dump``)."""
+    hosts: dict[int, str] = field(default_factory=dict)
+    p2p_waits: list[P2PWait] = field(default_factory=list)
+    p2p_recorded: bool = False
+    """Whether any dump records sends/receives (NCCL does, gloo does not)."""
+    dump_time_known: bool = True
+    why_time_unknown: str = ""
 
 
 class FlightRecorderError(ValueError):
@@ -166,16 +223,27 @@ def load_flight_recorder_dump(path: str | Path) -> dict[str, Any]:
     return dump
 
 
-_RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle|bin))?$")
+_RANK_AFTER = re.compile(r"(?:rank_?|_dump_)(\d+)(?!.*(?:rank_?|_dump_)\d)", re.IGNORECASE)
+_RANK_AT_END = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle|bin))?$")
 
 
 def rank_from_filename(path: str | Path) -> int:
-    """The global rank PyTorch put at the end of the dump's file name.
+    """The global rank PyTorch put in the dump's file name.
+
+    PyTorch writes ``<prefix><rank>``: ``_dump_<rank>`` (the watchdog's file writer with
+    ``TORCH_FR_DUMP_TEMP_FILE=…/_dump_``), ``nccl_trace_rank_<rank>`` (older releases),
+    ``comm_lib_trace_rank_<rank>`` (the default since 2.7), or any prefix the job chose;
+    a host name in the prefix or after the rank (``…rank_3_node-07``) is no rank.
 
     >>> rank_from_filename("/tmp/nccl_trace_rank_12"), rank_from_filename("dump_rank_3.json")
     (12, 3)
+    >>> rank_from_filename("_dump_7"), rank_from_filename("comm_lib_trace_rank_5_gpu-node07")
+    (7, 5)
+    >>> rank_from_filename("node12.cluster_fr_3")
+    3
     """
-    m = _RANK_IN_NAME.search(Path(path).name)
+    name = Path(path).name
+    m = _RANK_AFTER.search(name) or _RANK_AT_END.search(name)
     if not m:
         raise FlightRecorderError(
             "no rank at the end of the file name (PyTorch writes <prefix><rank>, "
@@ -196,7 +264,8 @@ _DTYPE_BYTES = {
 _OP_NAMES = {
     "all_reduce": "AllReduce", "allreduce": "AllReduce", "all_reduce_coalesced": "AllReduce",
     "allreduce_coalesced": "AllReduce", "all_gather": "AllGather", "allgather": "AllGather",
-    "_allgather_base": "AllGather", "all_gather_into_tensor_coalesced": "AllGather",
+    "_allgather_base": "AllGather", "_all_gather_base": "AllGather",
+    "all_gather_into_tensor_coalesced": "AllGather",
     "allgather_into_tensor_coalesced": "AllGather", "allgather_coalesced": "AllGather",
     "reduce_scatter": "ReduceScatter", "_reduce_scatter_base": "ReduceScatter",
     "reduce_scatter_tensor_coalesced": "ReduceScatter", "broadcast": "Broadcast",
@@ -204,6 +273,12 @@ _OP_NAMES = {
     "alltoall_base": "AllToAll", "all_to_all_single": "AllToAll", "send": "Send",
     "recv": "Recv", "barrier": "Barrier", "gather": "Gather", "scatter": "Scatter",
 }  # fmt: skip
+
+
+def default_host(rank: int) -> str:
+    """The host of a rank whose dump names none: PyTorch's analyzer's ``host_rank<N>``
+    made a valid RFC 1123 name."""
+    return f"host-rank{rank}"
 
 
 def _op_name(profiling_name: Any) -> str:
@@ -278,7 +353,9 @@ def _example_entry(seq: int, state: str) -> dict[str, Any]:
 _TIME_KEYS = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
 
 
-def _dump_time_us(entries: list[dict[str, Any]], file_mtime_us: int | None) -> int:
+def _dump_time_us(
+    entries: list[dict[str, Any]], file_mtime_us: int | None, trust: bool = False
+) -> int:
     newest_ns = 0
     timeout_ms = 0
     for e in entries:
@@ -288,6 +365,8 @@ def _dump_time_us(entries: list[dict[str, Any]], file_mtime_us: int | None) -> i
     if newest_ns == 0:
         return file_mtime_us or 0
     newest = newest_ns // 1000
+    if trust and file_mtime_us is not None:
+        return max(file_mtime_us, newest)
     if file_mtime_us is None or file_mtime_us < newest:
         return newest
     cap = (timeout_ms or 600_000) * 1000 + 60_000_000
@@ -334,6 +413,7 @@ def dump_to_events(
     host: str | None = None,
     on_problem: Callable[[str], None] | None = None,
     members: dict[str, list[int]] | None = None,
+    trust_time: bool = False,
 ) -> list[Event]:
     """Map one rank's dump to events: ``op`` events in completion order, then one
     ``progress`` event per process group at the dump time.
@@ -341,16 +421,17 @@ def dump_to_events(
     ``members`` (group name → global ranks, from :func:`group_members` over all the
     snapshot's dumps) is used where ``pg_config`` has no rank list holding this rank.
     ``on_problem`` hears about process groups that still cannot be mapped; their events
-    are skipped.
+    are skipped. ``trust_time``: ``file_mtime_us`` is the dump time given by the user
+    (``--dump-time``), not an mtime to check.
     """
     rank = _int(dump.get("rank"), rank) or rank
-    host = host or str(dump.get("hostname") or f"host-rank{rank}")
+    host = host or str(dump.get("hostname") or default_host(rank))
     if (bad_host := host_problem(host)) is not None:  # refused here, not downstream
         raise FlightRecorderError(bad_host)
     entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict)]
     pg_config = dump.get("pg_config") or {}
     pg_status = dump.get("pg_status") or {}
-    now_us = _dump_time_us(entries, file_mtime_us)
+    now_us = _dump_time_us(entries, file_mtime_us, trust_time)
     with_starts = _records_starts(entries)
 
     # pg_id → (name, desc): pg_status is keyed by the rank's local pg_id, entries carry
@@ -367,9 +448,7 @@ def dump_to_events(
     for pg_id in pg_ids:
         name, desc = names.get(pg_id, (pg_id, ""))
         info = pg_config.get(name) if isinstance(pg_config, dict) else None
-        ranks = _ranks(info)
-        if not ranks or rank not in ranks:
-            ranks = (members or {}).get(name) or ranks
+        ranks = (members or {}).get(name) or _ranks(info)
         if not ranks:
             if on_problem is not None:
                 on_problem(
@@ -523,13 +602,27 @@ def read_flight_recorder_snapshot(
     *,
     job: str,
     on_bad: Callable[[BadLine], None] | None = None,
+    dump_time_us: int | None = None,
 ) -> list[tuple[Path, list[Event]]]:
-    """Read one snapshot (every rank's dump taken at one moment) into events per file.
+    """Read one snapshot (every rank's dump taken at one moment) into events per file
+    (:func:`read_snapshot_with_facts` without the facts)."""
+    return read_snapshot_with_facts(paths, job=job, on_bad=on_bad, dump_time_us=dump_time_us)[0]
 
-    Membership of each process group comes from ``pg_config`` where it lists the rank,
-    else from which of these dumps hold entries of the group (:func:`group_members`).
-    A file that cannot be read, or a second dump of a rank already read, goes to
-    ``on_bad`` (line 0) and gives no events.
+
+def read_snapshot_with_facts(
+    paths: list[Path],
+    *,
+    job: str,
+    on_bad: Callable[[BadLine], None] | None = None,
+    dump_time_us: int | None = None,
+) -> tuple[list[tuple[Path, list[Event]]], SnapshotFacts]:
+    """Read one snapshot into events per file, and what the dumps say together.
+
+    Membership of each process group comes from the dumps together
+    (:func:`snapshot_facts`). A file that cannot be read, or a second dump of a rank
+    already read, goes to ``on_bad`` (line 0) and gives no events. ``dump_time_us``
+    (``detect --dump-time``, or the time an exporter saw the files) stands for every
+    dump's time, when mtimes cannot be trusted.
     """
     loaded: list[tuple[Path, int, dict[str, Any], int]] = []
     out: dict[Path, list[Event]] = {p: [] for p in paths}
@@ -553,14 +646,161 @@ def read_flight_recorder_snapshot(
             continue
         seen[rank] = path
         loaded.append((path, rank, dump, mtime_us))
+    dumps = {r: d for _, r, d, _ in loaded}
+    facts = snapshot_facts(dumps, {r: m for _, r, _, m in loaded}, dump_time_us)
     # One dump alone cannot tell who else is in its groups.
-    members = group_members({r: d for _, r, d, _ in loaded}) if len(loaded) > 1 else None
+    members = {g.name: g.members for g in facts.groups.values()} if len(loaded) > 1 else None
     for path, rank, dump, mtime_us in loaded:
+        when = dump_time_us if dump_time_us is not None else mtime_us
         try:
             out[path] = dump_to_events(
-                dump, rank=rank, job=job, file_mtime_us=mtime_us, members=members,
+                dump, rank=rank, job=job, file_mtime_us=when, members=members,
                 on_problem=lambda reason, p=path: bad(p, reason),
+                trust_time=dump_time_us is not None,
             )  # fmt: skip
         except (msgspec.ValidationError, TypeError, ValueError, AttributeError) as err:
             bad(path, f"unexpected dump content: {type(err).__name__}: {err}")
-    return list(out.items())
+            continue
+        for ev in out[path]:
+            facts.hosts.setdefault(rank, ev.host)
+    return list(out.items()), facts
+
+
+def _entries(dump: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in (dump.get("entries") or []) if isinstance(e, dict)]
+
+
+def _mtime_trusted(entries: list[dict[str, Any]], mtime_us: int | None) -> bool:
+    """Whether a file's mtime can be its dump time (see :func:`_dump_time_us`)."""
+    if mtime_us is None or not entries:
+        return False
+    return _dump_time_us(entries, mtime_us) == mtime_us
+
+
+_GATHERS = ("all_gather", "allgather", "_allgather_base", "_all_gather_base", "gather")
+
+
+def _group_size_seen(entries: list[dict[str, Any]]) -> int | None:
+    """A group's size as an all-gather records it: its outputs hold one input per member
+    (numel of the outputs over numel of the input; gloo writes one stacked tensor
+    ``[n, …]``, NCCL a list of tensors or a flat buffer)."""
+    for e in entries:
+        name = str(e.get("profiling_name") or "")
+        short = name.split(":", 1)[-1]
+        if not short.startswith(_GATHERS) or "coalesced" in short or e.get("is_p2p"):
+            continue
+
+        def numel(sizes: Any) -> int:
+            return sum(
+                math.prod(int(d) for d in s if isinstance(d, int))
+                for s in (sizes or [])
+                if isinstance(s, (list, tuple))
+            )
+
+        n_in, n_out = numel(e.get("input_sizes")), numel(e.get("output_sizes"))
+        if n_in > 0 and n_out >= n_in and n_out % n_in == 0:
+            return n_out // n_in
+    return None
+
+
+def snapshot_facts(
+    dumps: dict[int, dict[str, Any]],
+    mtimes_us: dict[int, int] | None = None,
+    dump_time_us: int | None = None,
+) -> SnapshotFacts:
+    """Who is in which group, and who has nothing to say, from all the dumps together.
+
+    A group is its name (``process_group[0]``, the key of ``pg_config``); ``pg_id`` is
+    local to a rank. Its members are the ranks whose dumps name it (in entries or in
+    ``pg_config``), or ``pg_config``'s rank list when that list holds every one of them
+    (ProcessGroupGloo writes an unusable one: ``[0, 1]`` or ``[]`` keyed ``''``). Its
+    size, where recorded (a consistent ``pg_config``, an all-gather's outputs, the world
+    for ``default_pg``), shows members whose dumps are missing; the ranks of the world
+    (0 … the largest rank seen) without a dump, or with an empty one, fill them in
+    when that is unambiguous.
+    """
+    facts = SnapshotFacts()
+    named: dict[str, set[int]] = {}
+    descs: dict[str, str] = {}
+    configs: dict[str, list[list[int]]] = {}
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    world = 0
+    for rank, dump in dumps.items():
+        world = max(world, rank + 1)
+        for e in _entries(dump):
+            name, desc = _pg_name(e)
+            named.setdefault(name, set()).add(rank)
+            descs.setdefault(name, desc)
+            by_group.setdefault(name, []).append(e)
+            facts.p2p_recorded |= bool(e.get("is_p2p"))
+        pg_config = dump.get("pg_config")
+        for key, info in pg_config.items() if isinstance(pg_config, dict) else []:
+            ranks = _ranks(info)
+            if not key or not ranks or rank not in ranks:
+                continue  # gloo's '' entry, or a list that does not hold the rank itself
+            configs.setdefault(str(key), []).append(sorted(ranks))
+            named.setdefault(str(key), set()).add(rank)
+            if isinstance(info, dict) and info.get("desc"):
+                descs.setdefault(str(key), str(info["desc"]))
+            world = max(world, max(ranks) + 1)
+    for rank in range(world if len(dumps) > 1 else 0):  # one dump alone: no peers known
+        if rank not in dumps:
+            facts.absent[rank] = "no dump"
+        elif not _entries(dumps[rank]):
+            facts.absent[rank] = "empty dump"
+    for name in sorted(named):
+        seen = named[name]
+        lists = [c for c in configs.get(name, []) if seen <= set(c)]
+        if lists:
+            members = max(lists, key=lists.count)
+            size = len(members)
+        else:
+            members = sorted(seen)
+            size = _group_size_seen(by_group.get(name, [])) or len(members)
+            if descs.get(name) == "default_pg":
+                size = max(size, world)
+            missing = sorted(set(facts.absent) - seen)
+            if size > len(members) and (size == world or len(missing) == size - len(members)):
+                members = sorted(seen | set(missing if size != world else range(world)))
+        facts.groups[name] = GroupFacts(name, descs.get(name, ""), members, max(size, len(members)))
+    for rank, dump in dumps.items():
+        facts.p2p_waits += _p2p_waits(rank, _entries(dump), facts.groups)
+    if dump_time_us is None:
+        times = mtimes_us or {}
+        untrusted = [r for r, d in dumps.items() if _entries(d) and not _mtime_trusted(
+            _entries(d), times.get(r))]  # fmt: skip
+        if untrusted or not times:
+            facts.dump_time_known = False
+            facts.why_time_unknown = (
+                f"dump time unknown: the mtimes of {len(untrusted)} of {len(dumps)} dumps are "
+                "not within the timeout after their newest entry (copied files?); keep "
+                "mtimes (cp -p, rsync -t), or pass --dump-time"
+            )
+    return facts
+
+
+_P2P_NAME = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
+
+
+def _p2p_waits(
+    rank: int, entries: list[dict[str, Any]], groups: dict[str, GroupFacts]
+) -> list[P2PWait]:
+    """The rank's unfinished sends/receives; ProcessGroupNCCL names them
+    ``nccl:send <me>-><peer>`` / ``nccl:recv <me><-<peer>`` in group ranks."""
+    with_starts = _records_starts(entries)
+    out = []
+    for e in entries:
+        if not e.get("is_p2p"):
+            continue
+        done = e.get("state") == "completed" if with_starts else bool(e.get("retired"))
+        if done:
+            continue
+        m = _P2P_NAME.search(str(e.get("profiling_name") or ""))
+        if not m:
+            continue
+        g = groups.get(_pg_name(e)[0])
+        peer_local = int(m.group(4))
+        peer = g.members[peer_local] if g and peer_local < len(g.members) else None
+        out.append(P2PWait(_pg_name(e)[0], rank, peer, m.group(1),
+                           _ts_ns(e.get("time_created_ns")) or 0))  # fmt: skip
+    return out

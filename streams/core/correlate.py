@@ -372,7 +372,12 @@ class HostCorrelator:
                 comp = (None, None, None)
         rail = self._job_wide_rail(job, min(e.ts for e in live)) if fault in _HANGS else ""
         at = min(now, self._enough_at(job, host, fault, live))
-        return self._command(key, ep, comp, chosen, total, windows, comms, at, rail)
+        cmd = self._command(key, ep, comp, chosen, total, windows, comms, at, rail)
+        hold = next((e.ev.hold for e in chosen if e.ev.hold), "")
+        if hold and cmd.action != "alert_only":  # the finding says why not to isolate
+            self.isolated.get(job, deque()).remove(at)
+            cmd = msgspec.structs.replace(cmd, action="alert_only", reason=hold)
+        return cmd
 
     def _enough_at(self, job: str, host: str, fault: str, live: list[_Entry]) -> int:
         """The earliest event time at which ``live`` (evidence found enough) was enough,
@@ -596,6 +601,14 @@ def _reason(
         wait = max((x.wait_s for x in hs), default=0.0)
         coll = f"collective {tgt[0]}" if len(tgt) == 1 else "the current collective"
         gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None} | (silent_gpus or set()))
+        absent = next((x.absent for x in hs if x.absent), "")
+        if absent:  # a snapshot member with nothing to say while its peers wait for it
+            what = ("left no dump: its process died or never reached the dump"
+                    if absent == "no dump" else "wrote an empty dump: it is wedged")  # fmt: skip
+            return (
+                f"{host} {what}; {max(x.peers_waiting for x in hs)} ranks waited "
+                f"{wait:.1f} s for it on {on}."
+            )
         if gpu is None and len(gpus) >= 2:  # the host as a whole
             silent = all(x.silent for x in hs) or bool(silent_gpus)
             gone = "went silent" if silent else "stopped as a whole"

@@ -53,6 +53,9 @@ class Evidence(msgspec.Struct, kw_only=True):
     nranks: int = 0
     snapshot: bool = False
     """Judged from one Flight Recorder snapshot as a whole (``streams.core.snapshot``)."""
+    hold: str = ""
+    """Why this finding must not isolate (e.g. a snapshot whose dump time is unknown):
+    its command is ``alert_only`` with this reason."""
 
 
 class HangEvidence(Evidence, kw_only=True):
@@ -69,6 +72,8 @@ class HangEvidence(Evidence, kw_only=True):
     """Snapshots: the collective the peers are in (or ended), when not the target."""
     peers_ended_without_it: bool = False
     """Snapshots: the peers ended the collective without it (timed out or aborted)."""
+    absent: str = ""
+    """Snapshots: it left ``no dump`` or an ``empty dump`` while its peers wait for it."""
 
 
 class CommHangEvidence(Evidence, kw_only=True):

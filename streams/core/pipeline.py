@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from producers.events import Event
+from producers.formats.flight_recorder import SnapshotFacts
 from streams.commands import IsolationCommand
 from streams.core.columns import ColumnBlockLike, EventColumnsLike
 from streams.core.comm import CommDetector
@@ -228,11 +229,13 @@ class DetectionPipeline:
                 lane.cols.setdefault(cols.comm, []).append(cols)
         lane.blocks.clear()
 
-    def judge_snapshot(self, events: Sequence[Event]) -> list[IsolationCommand]:
+    def judge_snapshot(
+        self, events: Sequence[Event], facts: SnapshotFacts | None = None
+    ) -> list[IsolationCommand]:
         """Judge one snapshot (every rank's dump taken at one moment) as a whole
         (:func:`~streams.core.snapshot.judge_snapshot`); its verdicts go to the same
         correlator as the stream's. Call :meth:`finish` after the last input."""
-        verdicts = judge_snapshot(events, self.detect_config)
+        verdicts = judge_snapshot(events, self.detect_config, facts)
         self.n_events += len(events)
         self.snapshot_comms.update(e.comm for e in events)
         for e in events:  # the snapshot's time is its job's time

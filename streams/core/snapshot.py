@@ -57,8 +57,10 @@ from dataclasses import dataclass, field
 from math import exp, lgamma, log, log1p
 
 import numpy as np
+from msgspec.structs import replace as msgspec_replace
 
 from producers.events import Event, OpEvent, ProgressEvent
+from producers.formats.flight_recorder import SnapshotFacts, default_host
 from streams.commands import Fault
 from streams.core.config import DetectConfig
 from streams.core.stats import median, stable_id
@@ -160,9 +162,17 @@ def _by_comm(events: Sequence[Event]) -> dict[str, _Comm]:
     return comms
 
 
-def judge_snapshot(events: Sequence[Event], config: DetectConfig) -> list[Verdict]:
-    """Verdicts of one snapshot (all ranks' dumps taken at one moment), in time order."""
+def judge_snapshot(
+    events: Sequence[Event], config: DetectConfig, facts: SnapshotFacts | None = None
+) -> list[Verdict]:
+    """Verdicts of one snapshot (all ranks' dumps taken at one moment), in time order.
+
+    ``facts`` (what the dumps say together, :func:`~producers.formats.flight_recorder.
+    read_snapshot_with_facts`) adds the members that left no dump or an empty one, the
+    sends/receives a rank waits in, and whether the dump time is known."""
     comms = _by_comm(events)
+    facts = facts or SnapshotFacts()
+    time_known = facts.dump_time_known
     # Each rank's newest recorded collective over all its groups (its own clock).
     newest: dict[tuple[str, int | None], int] = {}
     for comm in comms.values():
@@ -173,17 +183,185 @@ def judge_snapshot(events: Sequence[Event], config: DetectConfig) -> list[Verdic
     # entered it — waiting there still, or stopped there after giving up (timeout) —
     # cannot enter another: being behind elsewhere is not its fault. (A collective every
     # member entered holds nobody back: gloo may not have retired it yet at the dump.)
+    # Nor can a rank inside a send or receive its peer has not matched.
     blocked = {comm.ident[r][:2] for comm in comms.values() for r in _held(comm, newest)}
+    p2p_hosts = {facts.hosts.get(w.rank, default_host(w.rank)) for w in facts.p2p_waits}
+    blocked |= {k for k in newest if k[0] in p2p_hosts}
     released = _Releases(comms)
     out: list[Verdict] = []
+    absent = _judge_absent(comms, config, facts, newest)
+    p2p = [] if absent else _judge_p2p(comms, config, facts, blocked)
     for comm in comms.values():
-        out += _judge_hang(comm, config, blocked, newest)
+        if not absent and not p2p:
+            out += _judge_hang(comm, config, blocked, newest, facts)
         out += _judge_stragglers(comm, config, released)
+    out += absent + p2p
+    if facts.groups and not facts.p2p_recorded and not absent:
+        out = _unrecorded_p2p(out, {k[0] for k in newest if k not in blocked})
+    if not time_known:
+        # a rank named late by its arrivals is the one waited for: the missing-ranks
+        # alert about it says nothing more
+        late = {v.host for v in out if v.fault == "straggler"}
+        out = [v for v in out if not (v.evidence.get("hold") and v.host in late)]
     out.sort(key=lambda v: (v.ts_us, v.comm, v.host))
     return out
 
 
 # --- hangs ----------------------------------------------------------------------------
+def _missing_alert(
+    c: _Comm, culprits: list[int], waiting: list[int], target: int, facts: SnapshotFacts
+) -> Verdict:
+    """The analyzer's "missing ranks" line, as an alert: without the dump time, peers
+    sitting in collective N may have waited 1 ms (a healthy moment) or an hour."""
+    ranks = ", ".join(str(r) for r in sorted(culprits))
+    reason = (
+        f"{c.comm_name or c.comm} collective {target}: ranks {{{ranks}}} missing "
+        f"({len(waiting)} members entered it); not isolated: " + facts.why_time_unknown + "."
+    )
+    r = culprits[0]
+    ev = {"target_collective": target, "peers_collective": target,
+          "rank_started": int(c.progress[r].started), "peers_waiting": len(waiting),
+          "missing_ranks": sorted(culprits), "hold": reason}  # fmt: skip
+    start = c.now() - c.now() % 1_000_000
+    return c.verdict("noncomm_hang", r, 0.9, reason, start, c.now(), ev)
+
+
+def _waits_in(c: _Comm, r: int, newest: dict[tuple[str, int | None], int]) -> bool:
+    """Whether rank ``r`` is inside a collective of ``c``: in flight, or stopped at its
+    newest one (gave up after the timeout) — nothing after it in any group."""
+    p = c.progress.get(r)
+    if p is None:
+        return False
+    return p.started > p.completed or (p.started > 0 and _stopped_at(c, r, p.started, newest))
+
+
+def _judge_absent(
+    comms: dict[str, _Comm],
+    cfg: DetectConfig,
+    facts: SnapshotFacts,
+    newest: dict[tuple[str, int | None], int],
+) -> list[Verdict]:
+    """Members that left no dump, or an empty one, while their peers wait for them.
+
+    A live process that recorded any collective dumps it (the ring is never empty once
+    used), so no dump means its process died or never reached the dump (a crash, a GPU
+    error), and an empty one that it dumped nothing it had (wedged: e.g. a thread that
+    holds the GIL while the dump runs). The peers waiting in a group of it — in a
+    collective, or in a receive from it — wait for it: it is the first suspect and they
+    are victims."""
+    out = []
+    for rank, why in sorted(facts.absent.items()):
+        waits: list[tuple[str, int, float]] = []  # (group, waiting rank, wait µs)
+        for g in facts.groups.values():
+            c = comms.get(g.name)
+            if rank not in g.members or c is None or len(g.members) < 2:
+                continue
+            for local, p in c.progress.items():
+                if local < len(g.members) and _waits_in(c, local, newest):
+                    op = c.ops.get(local, {}).get(int(p.started))  # gave up there: since
+                    since = p.inflight_us or (p.ts_us - _when(op) if op else 0.0)
+                    waits.append((g.name, g.members[local], float(since)))
+        now = max((c.now() for c in comms.values()), default=0)
+        for w in facts.p2p_waits:
+            if w.peer == rank:
+                waits.append((w.group, w.rank, max(0.0, now - w.since_ns / 1000)))
+        if not waits:
+            continue
+        thr = float(cfg.hang_floor_us)
+        wait_us = max(x for _, _, x in waits)
+        hold = ""
+        if not facts.dump_time_known:
+            hold = facts.why_time_unknown
+        elif wait_us < thr:
+            continue  # peers that just entered a collective: too early to say
+        groups = sorted({g for g, _, _ in waits}, key=lambda x: (len(x), x))
+        names = [facts.groups[g].desc or g for g in groups if g in facts.groups]
+        host = default_host(rank)
+        what = ("left no dump: its process died or never reached the dump"
+                if why == "no dump" else
+                "wrote an empty dump (no entries, no pg_status): it is wedged, e.g. a "
+                "thread holding the GIL, or its recorder was reset")  # fmt: skip
+        reason = (
+            f"{host} (rank {rank}) {what}; {len({w for _, w, _ in waits})} ranks wait for "
+            f"it in {', '.join(names[:4])}"
+            + (f" (longest {_s(wait_us)})" if facts.dump_time_known else "")
+            + (f"; not isolated: {hold}" if hold else "")
+            + "."
+        )
+        c = comms[groups[0]] if groups[0] in comms else next(iter(comms.values()))
+        ev = {"target_collective": -1, "rank_started": -1, "silent": True,
+              "peers_waiting": len({w for _, w, _ in waits}), "wait_s": round(wait_us / 1e6, 2),
+              "threshold_s": round(thr / 1e6, 2), "comm_name": names[0] if names else c.comm,
+              "absent": why, "hold": reason if hold else ""}  # fmt: skip
+        start = c.now() - c.now() % 1_000_000
+        v = c.verdict("noncomm_hang", -1, 0.95, reason, start, c.now(), ev)
+        out.append(msgspec_replace(v, host=host, ranks=[rank], gpu=None))
+    return out
+
+
+def _unrecorded_p2p(out: list[Verdict], free: set[str]) -> list[Verdict]:
+    """With a backend that records no send/recv (gloo), a rank behind in a collective
+    and waiting in none may be blocked in a receive from another such rank: when more
+    than one rank is free like that, the dumps cannot tell the culprit from its victims,
+    so each is only reported (a pipeline hang: its stage waits in ``recv``)."""
+    hangs = [v for v in out if v.fault == "noncomm_hang" and not v.evidence.get("hold")]
+    if len(free) < 2 or not hangs:
+        return out
+    names = ", ".join(sorted(free))
+    keep = [v for v in out if v not in hangs]
+    for v in hangs:
+        hold = (
+            f"{v.reason.rstrip('.')}; but {len(free)} ranks ({names}) wait in no recorded "
+            "collective, and this backend records no send/recv (gloo): any of them may be "
+            "waiting in a receive from another, so the dumps cannot tell the culprit from "
+            "its victims; not isolated"
+        )
+        keep.append(msgspec_replace(v, evidence={**v.evidence, "hold": hold}))
+    return keep
+
+
+def _judge_p2p(
+    comms: dict[str, _Comm],
+    cfg: DetectConfig,
+    facts: SnapshotFacts,
+    blocked: set[tuple[str, int | None]],
+) -> list[Verdict]:
+    """A rank that a peer waits on in a send or receive (NCCL records them) while it
+    waits in nothing itself: it never posted its side, the peer is its victim."""
+    out: list[Verdict] = []
+    now = max((c.now() for c in comms.values()), default=0)
+    named: set[int] = set()
+    for w in facts.p2p_waits:
+        y = w.peer
+        if y is None or y in named or y in facts.absent:
+            continue
+        host = facts.hosts.get(y, default_host(y))
+        if any(k[0] == host for k in blocked):
+            continue  # it waits somewhere itself: a link in the chain, not its start
+        wait_us = max(0.0, now - w.since_ns / 1000)
+        hold = "" if facts.dump_time_known else facts.why_time_unknown
+        if not hold and wait_us < cfg.hang_floor_us:
+            continue
+        g = facts.groups.get(w.group)
+        c = comms.get(w.group) or next(iter(comms.values()))
+        side = "send" if w.op == "recv" else "receive"
+        reason = (
+            f"{host} (rank {y}) has not posted the {side} that rank {w.rank} waits in "
+            f"({w.op} on {g.desc if g and g.desc else w.group})"
+            + (f" for {_s(wait_us)}" if not hold else "")
+            + ", and waits in no collective or p2p operation itself"
+            + (f"; not isolated: {hold}." if hold else ".")
+        )
+        ev = {"target_collective": -1, "rank_started": -1, "peers_waiting": 1,
+              "wait_s": round(wait_us / 1e6, 2), "threshold_s": round(cfg.hang_floor_us / 1e6, 2),
+              "hold": reason if hold else ""}  # fmt: skip
+        start = now - now % 1_000_000
+        v = c.verdict("noncomm_hang", -1, 0.9, reason, start, now, ev)
+        out.append(msgspec_replace(v, host=host, ranks=[y], gpu=None))
+        named.add(y)
+    return out
+
+
 def _held(c: _Comm, newest: dict[tuple[str, int | None], int]) -> list[int]:
     """Ranks held in this group by a member that has not entered their collective: in
     it still, or finished with it (gave up) and stopped there."""
@@ -207,6 +385,7 @@ def _judge_hang(
     cfg: DetectConfig,
     blocked: set[tuple[str, int | None]],
     newest: dict[tuple[str, int | None], int],
+    facts: SnapshotFacts,
 ) -> list[Verdict]:
     prog = c.progress
     if len(prog) < 2:
@@ -223,6 +402,8 @@ def _judge_hang(
     n_alive = len(prog) - len(behind) + len(culprits)
     if waiting and len(waiting) >= max(1, cfg.min_waiting_frac * n_alive):
         wait_us = median([prog[r].inflight_us or 0.0 for r in waiting])
+        if not facts.dump_time_known:  # how long they waited is unknown: who is missing
+            return [_missing_alert(c, culprits, waiting, target, facts)]
         if wait_us < thr:
             return []  # the usual picture of a healthy job: someone is always last
         ended = False

@@ -251,3 +251,14 @@ def test_a_second_dump_of_a_rank_in_one_snapshot_is_reported(tmp_path: Path) -> 
     assert sum(len(evs) for _, evs in out) == sum(
         len(v) for v in _real("healthy", "end", "pickle").values()
     )
+
+
+@pytest.mark.timeout(10)
+def test_one_dump_alone_says_nothing_of_absent_peers(tmp_path: Path) -> None:
+    from producers.formats.flight_recorder import read_snapshot_with_facts
+
+    [path] = [p for p in _copy("pickle", tmp_path) if p.name.endswith("_3")]
+    _, facts = read_snapshot_with_facts([path], job="j")
+    assert facts.absent == {}
+    _, facts = read_snapshot_with_facts(_copy("pickle", tmp_path)[:3], job="j")
+    assert facts.absent == {3: "no dump"}  # ranks 0-2 read: the world's rank 3 is missing

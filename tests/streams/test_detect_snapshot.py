@@ -131,11 +131,14 @@ def test_after_timeout_needs_no_clock(case: str, fmt: str, tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(30)
-def test_during_hang_without_a_dump_time_is_not_guessed(tmp_path: Path) -> None:
-    """Without a trusted dump time, peers sitting in collective 61 look like a healthy
-    moment where rank 2 is merely last: no command (documented limitation)."""
+def test_during_hang_without_a_dump_time_alerts_who_is_missing(tmp_path: Path) -> None:
+    """Without a trusted dump time, peers sitting in collective 61 may have waited 1 ms
+    or an hour: who is missing is said, as an alert that says why it does not isolate."""
     res = _detect(_snapshot("hang", "during", "pickle", tmp_path, mtimes=False), tmp_path)
-    assert res.commands == []
+    [cmd] = res.commands
+    assert (cmd.host, cmd.action) == ("host-rank2", "alert_only")
+    assert "collective 61: ranks {2} missing" in cmd.reason
+    assert "dump time unknown" in cmd.reason and "--dump-time" in cmd.reason
 
 
 # --- NCCL format: started/completed states, durations ------------------------------------

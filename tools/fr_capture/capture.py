@@ -25,6 +25,16 @@ The capture writes ``capture.json`` beside the dumps: the torch version, the cas
 its parameters, the groups, and each file's mtime (git does not keep mtimes; the dump
 time is not written inside a dump, so readers use the file's mtime).
 
+``--layout 3d`` (8 ranks) runs a job shaped like a tensor × pipeline × data parallel
+training job instead: tensor pairs ``[0, 1]``, ``[2, 3]``, …; pipeline stage 0 (ranks
+0, 1, 4, 5) sends activations to stage 1 (ranks 2, 3, 6, 7) with ``send``/``recv`` on
+pairs ``[0, 2]``, ``[1, 3]``, …, and gets gradients back; ZeRO data-parallel pairs
+``[0, 4]``, ``[1, 5]``, … (all-reduce as the reduce-scatter, all-gather); one world
+all-reduce (the gradient norm) per step. Its cases: ``healthy``, ``slowdown`` (every
+rank slower alike), ``straggler``, ``dp-hang`` (``--bad-rank`` never enters its
+data-parallel all-reduce of step ``--hang-step``), ``pp-hang`` (it never sends its
+activation of that step), ``crash`` (its process exits there, leaving no dump).
+
 Needs torch (not a c4stream dependency): run it from a virtualenv of its own, e.g.::
 
     python3 -m venv ~/torchvenv && ~/torchvenv/bin/pip install torch
@@ -53,7 +63,7 @@ def _groups(world: int) -> list[list[int]]:
     return pairs + evens
 
 
-def _dump(prefix: Path, rank: int) -> None:
+def _dump(prefix: Path, rank: int, backend: str = "gloo") -> None:
     # Both formats through PyTorch's own dump APIs, written as <prefix><rank> (pickle,
     # the name the watchdog's file writer uses) and <prefix><rank>.json. Not through
     # _dump_fr_trace_file: its writer fixes TORCH_FR_DUMP_TEMP_FILE at first use, so a
@@ -61,8 +71,14 @@ def _dump(prefix: Path, rank: int) -> None:
     import torch._C._distributed_c10d as c10d  # torch is optional: only this tool needs it
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{prefix}{rank}").write_bytes(c10d._dump_fr_trace(includeStackTraces=False))
-    Path(f"{prefix}{rank}.json").write_bytes(c10d._dump_fr_trace_json())
+    if backend == "nccl":  # ProcessGroupNCCL's own recorder (CUDA events)
+        pkl = c10d._dump_nccl_trace(includeCollectives=True, includeStackTraces=False,
+                                    onlyActive=False)  # fmt: skip
+        js = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=False)
+    else:
+        pkl, js = c10d._dump_fr_trace(includeStackTraces=False), c10d._dump_fr_trace_json()
+    Path(f"{prefix}{rank}").write_bytes(pkl)
+    Path(f"{prefix}{rank}.json").write_bytes(js.encode() if isinstance(js, str) else js)
 
 
 def _worker(args: argparse.Namespace, rank: int) -> None:
@@ -160,14 +176,152 @@ def _worker(args: argparse.Namespace, rank: int) -> None:
     dist.destroy_process_group()
 
 
+CASES_3D = ("healthy", "slowdown", "straggler", "dp-hang", "pp-hang", "crash")
+
+
+def _groups_3d(world: int = 8) -> dict[str, list[list[int]]]:
+    """Tensor pairs, pipeline pairs (stage 0 → stage 1) and data-parallel pairs."""
+    return {
+        "tensor": [[r, r + 1] for r in range(0, world, 2)],
+        "pipeline": [[r, r + 2] for r in range(world) if (r // 2) % 2 == 0],
+        "data": [[r, r + world // 2] for r in range(world // 2)],
+    }
+
+
+def _worker_3d(args: argparse.Namespace, rank: int) -> None:
+    """One rank of the 8-rank tensor × pipeline × data-parallel job (see the docstring)."""
+    import torch  # optional dependency of this tool only
+    import torch.distributed as dist
+
+    out = Path(args.out)
+    backend = args.backend
+    name = "nccl_trace_rank_" if backend == "nccl" else "comm_lib_trace_rank_"
+    store = dist.TCPStore("127.0.0.1", args.port, args.world, rank == 0, timedelta(seconds=30))
+    to = timedelta(seconds=args.timeout)
+    device = "cpu"
+    if backend == "nccl":  # one GPU per rank (ranks beyond the GPUs share them round-robin)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = "cuda"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=args.world, timeout=to)
+    layout = _groups_3d(args.world)
+    handles: dict[str, object] = {}
+    for kind in ("tensor", "pipeline", "data"):  # every rank creates every group, in order
+        for members in layout[kind]:
+            g = dist.new_group(members, timeout=to)
+            if rank in members:
+                handles[kind] = g
+    stage = (rank // 2) % 2
+    peer = rank + 2 if stage == 0 else rank - 2  # pipeline peer
+    rng = random.Random(rank)
+    act = torch.ones(args.elems, device=device)
+    small = torch.ones(8, device=device)
+    bad = rank == args.bad_rank
+    case = args.case
+    hang_case = case in ("dp-hang", "pp-hang", "crash")
+
+    t_mid = float(store.get("t_mid").decode()) if rank else time.time() + args.mid_s
+    if rank == 0:
+        store.set("t_mid", repr(t_mid))
+    if not hang_case:
+        threading.Thread(
+            target=lambda: (time.sleep(max(0.0, t_mid - time.time())),
+                            _dump(out / "mid" / name, rank, backend)),
+            daemon=True,
+        ).start()  # fmt: skip
+
+    def dumps_of_the_hang() -> None:
+        # Every surviving rank: one dump while its peers wait, one after the timeout
+        # fired (a rank that gave up stays where it stopped), then exit.
+        def later() -> None:
+            time.sleep(args.dump_after)
+            _dump(out / "during" / name, rank, backend)
+            time.sleep(args.timeout - args.dump_after + args.after_timeout_s)
+            _dump(out / "after_timeout" / name, rank, backend)
+            time.sleep(0.5)
+            os._exit(0)
+
+        threading.Thread(target=later, daemon=True).start()
+
+    def op(fn: Callable[[], object]) -> None:
+        if case == "straggler" and bad:
+            time.sleep(args.late_ms / 1000)
+        elif case == "slowdown":
+            time.sleep(args.late_ms / 1000)  # every rank alike
+        try:
+            fn()
+            if backend == "nccl":  # NCCL is asynchronous: wait as the gloo job does
+                torch.cuda.synchronize()
+        except RuntimeError as err:  # a timeout behind the hang: stop here
+            print(f"rank {rank}: {type(err).__name__}: {str(err)[:160]}", file=sys.stderr)
+            while True:
+                time.sleep(1.0)
+
+    def fault(where: str, step: int) -> None:
+        if not hang_case or step != args.hang_step:
+            return
+        if where == "start":
+            dumps_of_the_hang()
+        want = {"dp-hang": "data", "pp-hang": "send", "crash": "data"}[case]
+        if bad and where == want:
+            if case == "crash":
+                os._exit(1)  # the process dies: no dump
+            while True:  # a non-communication hang: it never reaches the operation
+                time.sleep(1.0)
+
+    tp, pp, dp = handles["tensor"], handles["pipeline"], handles["data"]
+    compute = args.compute_ms * (3.0 if case == "slowdown" else 1.0)
+    for step in range(1, args.steps + 1):
+        fault("start", step)
+        time.sleep(compute / 1000 * (0.8 + 0.4 * rng.random()))  # "compute"
+        if stage == 0:
+            op(lambda: dist.all_reduce(act, group=tp))
+            fault("send", step)
+            op(lambda: dist.send(act, dst=peer, group=pp))
+            op(lambda: dist.recv(act, src=peer, group=pp))  # the gradient back
+            op(lambda: dist.all_reduce(act, group=tp))
+        else:
+            op(lambda: dist.recv(act, src=peer, group=pp))
+            op(lambda: dist.all_reduce(act, group=tp))
+            op(lambda: dist.all_reduce(act, group=tp))
+            fault("send", step)
+            op(lambda: dist.send(act, dst=peer, group=pp))
+        fault("data", step)
+        op(lambda: dist.all_reduce(act, group=dp))  # ZeRO: the reduce-scatter
+        op(lambda: dist.all_gather([torch.empty_like(small) for _ in range(2)], small, group=dp))
+        op(lambda: dist.all_reduce(small))  # the gradient norm, world
+    _dump(out / "end" / name, rank, backend)
+    dist.destroy_process_group()
+
+
 def _manifest(args: argparse.Namespace) -> None:
     import torch  # optional dependency of this tool only
 
     out = Path(args.out)
     files = {
         str(p.relative_to(out)): p.stat().st_mtime_ns
-        for p in sorted(out.rglob("comm_lib_trace_rank_*"))
+        for p in sorted(
+            [
+                *out.rglob("comm_lib_trace_rank_*"),
+                *out.rglob("nccl_trace_rank_*"),
+                *out.rglob("_dump_*"),
+            ]
+        )
     }
+    if args.layout == "3d":
+        meta3 = {
+            "torch": torch.__version__, "backend": getattr(args, "backend", "gloo"),
+            "layout": "3d", "case": args.case,
+            "world": args.world, "groups": {"world": list(range(args.world)), **_groups_3d()},
+            "steps": args.steps, "compute_ms": args.compute_ms, "timeout_s": args.timeout,
+            "bad_rank": None if args.case in ("healthy", "slowdown") else args.bad_rank,
+            "hang_step": args.hang_step if args.case in ("dp-hang", "pp-hang", "crash")
+            else None,
+            "dump_after_s": args.dump_after, "late_ms": args.late_ms,
+            "fr_buffer_size": os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"),
+            "file_mtime_ns": files,
+        }  # fmt: skip
+        (out / "capture.json").write_text(json.dumps(meta3, indent=1) + "\n")
+        return
     meta = {
         "torch": torch.__version__,
         "backend": "gloo",
@@ -193,7 +347,15 @@ def _manifest(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=["healthy", "hang", "straggler"])
+    ap.add_argument("case", choices=sorted({"healthy", "hang", "straggler", *CASES_3D}))
+    ap.add_argument("--layout", choices=["groups", "3d"], default="groups")
+    ap.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default="gloo",
+        help="3d: nccl needs a GPU machine (one GPU per rank); not run here",
+    )
+    ap.add_argument("--hang-step", type=int, default=8, help="3d: the step of the fault")
     ap.add_argument("--out", required=True)
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
@@ -218,9 +380,22 @@ def main() -> None:
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
-        _worker(args, args.worker)
+        (_worker_3d if args.layout == "3d" else _worker)(args, args.worker)
         return
-    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
+    if args.backend == "nccl" and args.layout != "3d":
+        ap.error("--backend nccl runs the 3d layout")
+    if args.layout == "3d" and (args.world != 8 or args.case == "hang"):
+        ap.error("--layout 3d runs 8 ranks and the cases " + ", ".join(CASES_3D))
+    if args.layout == "groups" and args.case not in ("healthy", "hang", "straggler"):
+        ap.error(f"case {args.case} needs --layout 3d")
+    # torch 2.9 records nothing unless the buffer size is set; 2.15 defaults to 2000
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": os.environ.get("TORCH_FR_BUFFER_SIZE", "2000")}
+    if args.backend == "nccl":  # older releases read the NCCL names; the watchdog dumps too
+        env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", env["TORCH_FR_BUFFER_SIZE"])
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(args.out) / "watchdog" / "_dump_"))
+        env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", env["TORCH_FR_DUMP_TEMP_FILE"])
+        (Path(args.out) / "watchdog").mkdir(parents=True, exist_ok=True)
     procs = [
         subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--worker", str(r)], env=env)
         for r in range(args.world)
