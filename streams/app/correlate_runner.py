@@ -11,21 +11,92 @@ from __future__ import annotations
 import heapq
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from streams.app.deadletter import Record, dead_letter
 from streams.app.detect_runner import Lane
 from streams.app.engine import CorrelatorLike, Engine
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
 from streams.app.watermark import Watermark, decode_watermark
+from streams.commands import IsolationCommand
 from streams.core.correlate import LateEvidence
 from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict
 
-__all__ = ["CorrelatorRunner"]
+__all__ = ["CorrelatorRunner", "HostRails"]
 
 log = logging.getLogger(__name__)
+
+
+class HostRails:
+    """Rails that hold across jobs, on the worker's own clock (a job id is free to
+    invent, and each job has its own event time): a host isolated for one job is not
+    isolated again for another within ``cooldown_s``, and at most ``max_per_hour``
+    isolating commands go out per rolling hour whatever their jobs. Beyond, a command
+    becomes ``alert_only`` and its reason says why. (The per-job cap and cool-down of
+    the correlator still apply within a job.)
+
+    >>> from streams.commands import IsolationCommand
+    >>> cmd = lambda job, host: IsolationCommand(id=job + host, ts_us=1, job=job,
+    ...     host=host, fault="straggler", action="cordon_and_taint", confidence=1.0,
+    ...     reason="slow.", evidence={})
+    >>> r = HostRails(2, 600.0, clock=lambda: 0.0)
+    >>> [c.action for c in r.apply([cmd("a", "n1"), cmd("b", "n1"), cmd("c", "n2"),
+    ...                             cmd("d", "n3")])]
+    ['cordon_and_taint', 'alert_only', 'cordon_and_taint', 'alert_only']
+    >>> r.apply([cmd("b", "n1")])[0].reason
+    'slow. Not isolated: n1 was isolated for job a 0 s ago (cool-down per host, across jobs).'
+    """
+
+    def __init__(
+        self, max_per_hour: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_per_hour = max_per_hour
+        self.cooldown_s = cooldown_s
+        self.clock = clock
+        self._acted: deque[float] = deque()
+        self._hosts: dict[str, tuple[float, str]] = {}
+        """host -> (when, job) of its last isolating command."""
+        self.held = 0
+
+    def apply(self, cmds: list[IsolationCommand]) -> list[IsolationCommand]:
+        if not cmds:
+            return cmds
+        now = self.clock()
+        while self._acted and self._acted[0] < now - 3600.0:
+            self._acted.popleft()
+        for h in [h for h, (t, _) in self._hosts.items() if t < now - self.cooldown_s]:
+            del self._hosts[h]
+        out = []
+        for c in cmds:
+            if c.action == "alert_only":
+                out.append(c)
+                continue
+            prior = self._hosts.get(c.host)
+            why = ""
+            if prior is not None and prior[1] != c.job:
+                why = (
+                    f" Not isolated: {c.host} was isolated for job {prior[1][:64]} "
+                    f"{now - prior[0]:.0f} s ago (cool-down per host, across jobs)."
+                )
+            elif len(self._acted) >= self.max_per_hour:
+                why = (
+                    f" Not isolated: {len(self._acted)} isolating commands in the last hour "
+                    f"across all jobs (cap {self.max_per_hour}, [worker] max_isolations_per_hour)."
+                )
+            if why:
+                self.held += 1
+                log.warning("isolation of %s for job %s held:%s", c.host, c.job, why)
+                out.append(msgspec.structs.replace(c, action="alert_only", reason=c.reason + why))
+                continue
+            self._acted.append(now)
+            self._hosts[c.host] = (now, c.job)
+            out.append(c)
+        return out
 
 
 @dataclass
@@ -96,6 +167,7 @@ class CorrelatorRunner(StateRunner[int]):
         allowed_lateness_us: int = 10_000_000,
         forget_lane_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        host_rails: HostRails | None = None,
     ) -> None:
         super().__init__(
             lookup,
@@ -104,6 +176,8 @@ class CorrelatorRunner(StateRunner[int]):
             clock=clock,
         )
         self.engine = engine
+        self.host_rails = host_rails
+        """Cool-down per host and a cap across jobs (None: per job only)."""
         self.watermark_topic = watermark_topic
         self.forget_lane_s = forget_lane_s
         self.events_partitions = events_partitions
@@ -395,7 +469,7 @@ class CorrelatorRunner(StateRunner[int]):
                     log.exception("host correlator %d failed to advance job %s", q, job)
                     continue
                 if found:
-                    out.commands.extend(found)
+                    out.commands.extend(self._railed(found))
                     self.schedule.touch(q, 1, now)
 
     def _observe(self, p: int, held: Held, out: Output, now: float) -> None:
@@ -403,7 +477,7 @@ class CorrelatorRunner(StateRunner[int]):
         cor = self._correlator(p)
         behind = end <= self._advanced_us.get((p, verdict.job), -1)
         try:
-            out.commands.extend(cor.observe(verdict))
+            out.commands.extend(self._railed(cor.observe(verdict)))
         except LateEvidence as err:
             self._late(verdict.job, "deadlettered", out)
             out.deadletters.append(dead_letter(rec, str(err)))
@@ -417,6 +491,9 @@ class CorrelatorRunner(StateRunner[int]):
         if behind:  # its job's watermark had passed it: judged late, within the lateness
             self._late(verdict.job, "judged", out)
         self.schedule.touch(p, 1, now)
+
+    def _railed(self, cmds: list[IsolationCommand]) -> list[IsolationCommand]:
+        return self.host_rails.apply(cmds) if self.host_rails is not None and cmds else cmds
 
     def _late(self, job: str, outcome: str, out: Output) -> None:
         counts = self.late_verdicts.setdefault(job, {})

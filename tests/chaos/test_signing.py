@@ -265,4 +265,7 @@ def test_config_check_names_what_is_wrong_with_signing(tmp_path: Path) -> None:
     (warning,) = config_warnings(text=ok, env={})
     assert "the worker signs no command" in warning.message
     ok += f'[worker]\nmaster_key_files = ["{key}"]\n'
+    (warning,) = config_warnings(text=ok, env={})  # events unsigned: said loudly
+    assert warning.message.startswith("SIGNING IS OFF: [worker] require_signed_events")
+    ok += "require_signed_events = true\n"
     assert config_warnings(text=ok, env={}) == []
