@@ -80,6 +80,8 @@ class WorkerParts:
             "clock_us": {f"{p}/{job}": t for (p, job), t in sorted(self.router.clock_us.items())},
             "contested_comms": len(self.router.contested),
             "duplicates": self.router.stats.duplicates,
+            "evicted": self.router.stats.evicted,
+            "lanes": len(self.router.by_lane),
             "unreadable_checkpoints": self.comm_store.unreadable + self.correlator_store.unreadable,
             "watermarks": self.correlator.describe(),
             "late": late_status(self.router, self.correlator),
@@ -155,6 +157,9 @@ def register_agents(
             exec_free_us=int(config.detect.hang_floor_us / config.detect.hang_period_mult),
             dedup_messages=config.dedup_messages,
             isolate_uncorroborated=config.isolate_uncorroborated,
+            max_comms=config.max_comms,
+            max_lanes=config.max_lanes,
+            evict_idle_s=config.evict_idle_s,
         ),
         trust=event_trust(config, masters),
     )

@@ -183,6 +183,12 @@ class EdgeLimits:
     isolate_uncorroborated: bool = False
     """Whether a verdict of a communicator nobody corroborates may isolate (see
     :meth:`CommRouter.uncorroborated`); off: alert only, with the reason."""
+    max_comms: int = 200_000
+    """Communicators held; beyond, idle lanes are evicted (checkpointed first)."""
+    max_lanes: int = 50_000
+    """(partition, job) lanes held; beyond, idle lanes are evicted likewise."""
+    evict_idle_s: float = 60.0
+    """Only lanes without a message for this long (wall) are evicted."""
 
 
 #: Envelope of a communicator's checkpoint: magic, version, the communicator's size
@@ -305,9 +311,13 @@ class CommRouter(StateRunner[str]):
         """Per lane, the events of its open event-time slice."""
         self._active: set[Lane] = set()
         """Lanes that got messages since the last tick()."""
-        self._last_active: dict[Lane, float] = {}
-        """Lane -> wall time of its last message (a lane quiet for ``forget_lane_s`` is
-        forgotten: a finished job's watermarks stop)."""
+        self._open: set[Lane] = set()
+        """Lanes that got messages since they were last closed by a tick (judged and
+        advanced): a tick's work is these, never every lane of the worker."""
+        self._last_active: OrderedDict[Lane, float] = OrderedDict()
+        """Lane -> wall time of its last message, least recent first (a lane quiet for
+        ``forget_lane_s`` is forgotten: a finished job's watermarks stop; beyond the
+        caps, the least recently active idle lanes are evicted)."""
         self.late_events: dict[str, int] = {}
         """Per job: events dead-lettered as late beyond the allowed lateness."""
         self.jobs: set[str] = set()
@@ -392,14 +402,19 @@ class CommRouter(StateRunner[str]):
             if partitions is None or lane[0] in partitions
         }
         for lane in lanes:
-            self.clock_us.pop(lane, None)
-            self._advanced_us.pop(lane, None)
-            self._slice_end.pop(lane, None)
+            self._forget_lane(lane)
             self.by_lane.pop(lane, None)
             self.pending.pop(lane, None)
             self._active.discard(lane)
-            self._last_active.pop(lane, None)
             self._accepted_at.pop(lane, None)
+
+    def _forget_lane(self, lane: Lane) -> None:
+        """Forget a lane's clock (its communicators stay: a new message starts it again)."""
+        self.clock_us.pop(lane, None)
+        self._advanced_us.pop(lane, None)
+        self._slice_end.pop(lane, None)
+        self._last_active.pop(lane, None)
+        self._open.discard(lane)
 
     # ---------------------------------------------------------------- batches
     def process(self, records: Sequence[Record], settle: Collection[int] = ()) -> Output:
@@ -957,26 +972,74 @@ class CommRouter(StateRunner[str]):
         the previous tick (traffic stopped: judge it and advance, so a hang is still
         found), take time-due checkpoints."""
         t0 = time.thread_time()
-        quiet = set(self.clock_us) - self._active
         wall = self.wall()
+        last = self._last_active
         for lane in self._active:
-            self._last_active[lane] = wall
+            last[lane] = wall
+            last.move_to_end(lane)
+        self._open |= self._active
+        quiet = self._open - self._active  # the work: lanes that went quiet, not all
         self._active.clear()
+        self._open -= quiet
         out = Output()
         self._close_lanes(quiet, out)
-        for lane in [
-            x for x in quiet if wall - self._last_active.get(x, wall) > self.forget_lane_s
-        ]:
+        while last:  # least recent first: stops at the first lane still recent
+            lane, at = next(iter(last.items()))
+            if wall - at <= self.forget_lane_s:
+                break
             # Its communicators stay (with what they were judged up to); a new message
             # of the job starts the lane again.
-            self.clock_us.pop(lane, None)
-            self._advanced_us.pop(lane, None)
-            self._slice_end.pop(lane, None)
-            self._last_active.pop(lane, None)
+            self._forget_lane(lane)
+        self._evict(out, wall)
         self._due(out, wall)
         self._count(out)
         self.stats.process_s += time.thread_time() - t0
         return out
+
+    def _evict(self, out: Output, wall: float) -> None:
+        """Over ``max_comms`` communicators or ``max_lanes`` (partition, job) lanes:
+        checkpoint and forget the least recently active idle lanes (quiet for
+        ``evict_idle_s``), communicators and all; a communicator that speaks again is
+        restored from its checkpoint. Counted (``evicted``), logged."""
+        lim = self.limits
+        if len(self.comms) <= lim.max_comms and len(self.by_lane) <= lim.max_lanes:
+            return
+        gone: list[str] = []
+        lanes = 0
+        for lane, at in list(self._last_active.items()):
+            if len(self.comms) - len(gone) <= lim.max_comms and (
+                len(self.by_lane) - lanes <= lim.max_lanes
+            ):
+                break
+            if wall - at < lim.evict_idle_s:
+                break  # the rest are more recent: active state is never evicted
+            if lane in self._open or lane in self.pending:
+                continue
+            keys = sorted(self.by_lane.get(lane, ()))
+            out.checkpoints.extend(self._checkpoint(self.schedule.take_all(keys)))
+            for comm in keys:
+                self.schedule.forget(comm)
+            self._drop_lane(lane, keys)
+            gone += keys
+            lanes += 1
+        if gone:
+            self.stats.evicted += len(gone)
+            log.info("evicted %d idle communicators of %d lanes (caps: %d communicators, "
+                     "%d lanes); %d held", len(gone), lanes, lim.max_comms, lim.max_lanes,
+                     len(self.comms))  # fmt: skip
+        elif len(self.comms) > lim.max_comms:
+            log.warning("%d communicators, over the cap of %d, none idle for %.0f s",
+                        len(self.comms), lim.max_comms, lim.evict_idle_s)  # fmt: skip
+
+    def _drop_lane(self, lane: Lane, keys: list[str]) -> None:
+        for comm in keys:
+            self.comms.pop(comm, None)
+            for per_comm in (self.sizes, self._progress, self._ops, self.contested, self.signers):
+                per_comm.pop(comm, None)
+        self._forget_lane(lane)
+        self.by_lane.pop(lane, None)
+        self.pending.pop(lane, None)
+        self._accepted_at.pop(lane, None)
 
     def close_slices(self, partitions: set[int] | None = None) -> Output:
         """Judge the open slices of ``partitions`` (all by default) and advance them."""

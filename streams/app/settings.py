@@ -169,8 +169,13 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     beyond it, alert only. A host isolated for one job is not isolated again for another
     within the policy's cool-down either."""
     max_comms: Pos = 200_000
-    """Communicators held by one worker; beyond it, the least recently active idle one
-    is checkpointed and forgotten (restored from its checkpoint if it speaks again)."""
+    """Communicators held by one worker; beyond it, the least recently active idle lanes
+    (partition, job) are checkpointed and forgotten, communicators and all (restored
+    from their checkpoints if they speak again); counted as ``evicted``."""
+    max_lanes: Pos = 50_000
+    """(events partition, job) lanes held by one worker; beyond it, likewise."""
+    evict_idle_s: PosFloat = 60.0
+    """Only lanes quiet for this long (wall) are evicted: active state never is."""
 
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     """``[worker.detect]``: thresholds and windows of the detection core."""
