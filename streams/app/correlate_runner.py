@@ -303,6 +303,17 @@ class CorrelatorRunner(StateRunner[int]):
     def _holds(self, m: _Mark, now: float) -> bool:
         return m.idle_since is None or now - m.idle_since < self.idle_s
 
+    def _lane_holds(self, lm: _Mark, m: _Mark, now: float) -> bool:
+        """A lane holds while its own mark or its partition's newest report says lag,
+        and for ``idle_s`` after both say none (a sender resends a lane whose clock
+        stands still only when its partition has no lag any more: the partition's lag
+        holds its lanes meanwhile)."""
+        if lm is m:
+            return self._holds(m, now)
+        if lm.idle_since is None or m.caught_since is None:
+            return True
+        return now - max(lm.idle_since, m.caught_since) < self.idle_s
+
     def watermark(self, now: float, q: int = 0, job: str | None = None) -> int | None:
         """Event time of ``job`` up to which every events partition's verdicts have
         reached verdicts partition ``q`` (None: nothing can be released yet). Without a
@@ -342,7 +353,7 @@ class CorrelatorRunner(StateRunner[int]):
                 if not m.reported or since is None or now - max(since, seen) < self.idle_s:
                     holding.append(-1)
                 continue
-            if self._holds(lm, now):
+            if self._lane_holds(lm, m, now):
                 holding.append(lm.clock_us)
         if holding:
             low = min(holding)
@@ -359,7 +370,10 @@ class CorrelatorRunner(StateRunner[int]):
         out: dict[str, Any] = {}
         for q, marks in self.marks.items():
             lanes = self.lanes.get(q, {})
-            jobs = sorted({j for _, j in lanes} | set(self.pending.get(q, {})))
+            by_job: dict[str, list[tuple[int, _Mark]]] = {}  # once: not all lanes per job
+            for (p, j), lm in sorted(lanes.items()):
+                by_job.setdefault(j, []).append((p, lm))
+            jobs = sorted(set(by_job) | set(self.pending.get(q, {})))
             out[str(q)] = {
                 "deferred": len(self.deferred.get(q, ())),
                 "partitions": {
@@ -376,14 +390,11 @@ class CorrelatorRunner(StateRunner[int]):
                         "held": len(self.pending.get(q, {}).get(job, ())),
                         "holding": sorted(
                             p
-                            for (p, j), lm in lanes.items()
-                            if j == job
-                            and now - marks[p].heard < self.max_hold_s
-                            and self._holds(lm, now)
+                            for p, lm in by_job.get(job, ())
+                            if now - marks[p].heard < self.max_hold_s
+                            and self._lane_holds(lm, marks[p], now)
                         ),
-                        "clocks": {
-                            str(p): lm.clock_us for (p, j), lm in sorted(lanes.items()) if j == job
-                        },
+                        "clocks": {str(p): lm.clock_us for p, lm in by_job.get(job, ())},
                     }
                     for job in jobs
                 },

@@ -144,25 +144,29 @@ class WatermarkSender:
             lanes.setdefault(p, []).append((job, clock))
         idle = {p: self.caught_up(p) for p in lanes}
         for p, jobs in sorted(lanes.items()):
-            for job, clock in jobs or [(None, -1)]:
+            # the partition as a whole first: its lag holds every job of it (the
+            # correlator reads it), so a lane whose clock stands still is not sent again
+            # when the partition gets lag, only when it has none any more
+            for q in range(self.verdicts_partitions):
+                old = self.marks_sent.get((p, None, q))
+                if heartbeat or not jobs or old is None or old.caught_up != idle[p]:
+                    await self._send(p, None, q, -1, idle[p])
+            for job, clock in jobs:
                 for q in range(self.verdicts_partitions):  # every correlator needs every clock
                     old = self.marks_sent.get((p, job, q))
-                    if old is not None and old.clock_us == clock and old.caught_up == idle[p]:
+                    if old is not None and old.clock_us == clock and (old.caught_up or not idle[p]):
                         continue
                     await self._send(p, job, q, clock, idle[p])
         if not heartbeat:
             return
-        for p in sorted(lanes):
-            for q in range(self.verdicts_partitions):
-                if lanes[p]:  # a partition with no job was sent above
-                    await self._send(p, None, q, -1, idle[p])
         stale = []
         for key in self.marks_sent:
             if len(stale) >= REFRESH:
                 break
-            stale.append(key)
+            if key[1] is not None:
+                stale.append(key)
         for p, job, q in stale:
-            clock = clocks.get((p, job)) if job is not None else -1  # type: ignore[arg-type]
+            clock = clocks.get((p, job))  # type: ignore[arg-type]
             if clock is None or p not in idle:  # forgotten lane, or a partition gone
                 del self.marks_sent[(p, job, q)]
                 continue

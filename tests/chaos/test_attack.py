@@ -334,3 +334,89 @@ def test_a_400_mb_string_in_a_small_arrow_message_costs_nothing(
     assert v.found and v.false_isolations == 0 and st["deadletters_sent"] == 1
 
 
+
+
+# ------------------------------------------------------------------ high cardinality
+
+
+def flood(comms: int, jobs: int) -> list[tuple[bytes, bytes]]:
+    """One message (4 ranks, one op each) per communicator, ``comms // jobs`` per job:
+    the issue's 120,000 communicators over 20,000 jobs, at the size given."""
+    per = comms // jobs
+    out = []
+    for c in range(comms):
+        evs = [OpEvent(v=1, job=f"flood-{c // per}", comm=f"0xe{c:x}", nranks=4, rank=k,
+                       host=f"node-{k:03d}", ts_us=T0 + c * 1000, op="AllReduce", seq=1,
+                       bytes=8, exec_us=10.0) for k in range(4)]  # fmt: skip
+        out.append((evs[0].comm.encode(), encode_message(evs)))
+    return out
+
+
+COMMS, JOBS = 6_000, 1_000
+RSS_BOUND_MB = 700
+
+
+@pytest.mark.timeout(420)
+def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The 120k/20k shape at a tenth (the full size: ``bench/bench_cardinality.py``):
+    idle state is evicted beyond the cap, RSS stays under a bound, intake keeps up, and
+    the rank hang sent afterwards is found."""
+    msgs = flood(COMMS, JOBS)
+    hang = as_messages(trace())
+    cfg = worker_config(kafka_bootstrap, tmp_path / "w", max_comms=1500, evict_idle_s=3.0)
+    with start_worker_process(cfg) as w:
+        w.wait_ready(90)
+        t = time.monotonic()
+        produce(kafka_bootstrap, cfg.topics().events, msgs)
+        fed = time.monotonic() - t
+        w.wait_for(lambda s: s["detect"]["messages"] >= len(msgs), 240, "the flood")
+        took = time.monotonic() - t
+        produce(kafka_bootstrap, cfg.topics().events, hang)
+        w.wait_for(lambda s: s["detect"]["messages"] >= len(msgs) + len(hang), 120, "the trace")
+        time.sleep(6)
+        st = w.status()
+        peak = _peak_rss(w.proc.pid)
+        assert w.stop() == 0, w.log_tail()
+    v = judge(commands(kafka_bootstrap, cfg.topics().isolations, timeout=3))
+    ROWS.append(
+        Row(
+            f"{COMMS:,} communicators over {JOBS:,} jobs, then a rank hang (the 120k/20k "
+            "shape at a tenth)",
+            sent=len(msgs) + len(hang), deadlettered=st["deadletters_sent"],
+            duplicated=v.duplicated, found=f"{int(v.found)}/1",
+            false_isolations=v.false_isolations,
+            notes=f"cap 1,500: {st['detect']['evicted']:,} evicted, {st['comms']:,} held; "
+            f"peak RSS {peak // 1024} MB (bound {RSS_BOUND_MB}); intake "
+            f"{len(msgs) / took:,.0f} msg/s against a feed of {len(msgs) / fed:,.0f} msg/s",
+        )  # fmt: skip
+    )
+    assert st["detect"]["evicted"] > 0 and st["comms"] <= 1500 + 1000
+    assert peak // 1024 < RSS_BOUND_MB
+    assert v.found and v.false_isolations == 0
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_is_honoured_within_seconds_under_load(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    msgs = flood(COMMS, JOBS)
+    cfg = worker_config(kafka_bootstrap, tmp_path / "w", stop_grace_s=5.0)
+    with start_worker_process(cfg) as w:
+        w.wait_ready(90)
+        produce(kafka_bootstrap, cfg.topics().events, msgs)
+        w.wait_for(lambda s: s["detect"]["messages"] >= 2000, 120, "under load")
+        busy = w.status()["detect"]["messages"]
+        t = time.monotonic()
+        code = w.stop(timeout=30)
+        took = time.monotonic() - t
+    ROWS.append(
+        Row(
+            f"SIGTERM while the worker reads the {COMMS:,}-communicator flood",
+            sent=len(msgs), found="", false_isolations=0,
+            notes=f"stopped {took:.1f} s after SIGTERM (status {code}; grace 5 s) with "
+            f"{len(msgs) - busy:,} messages still to read",
+        )  # fmt: skip
+    )
+    assert busy < len(msgs) and took < 5.0 + 3.0 and code in (0, 4)
