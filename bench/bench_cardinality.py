@@ -50,7 +50,8 @@ def main() -> None:
     r = CommRouter(CoreEngine(), lambda key: None, checkpoint_every_events=10**9,
                    checkpoint_every_s=1e9, advance_every_us=250_000, clock=lambda: wall[0],
                    epoch=lambda: T0 / 1e6 + 60,
-                   limits=EdgeLimits(max_comms=a.max_comms, evict_idle_s=a.evict_idle_s))  # fmt: skip
+                   limits=EdgeLimits(max_comms=a.max_comms,
+                                     evict_idle_s=a.evict_idle_s))  # fmt: skip
     sent = [0]
 
     async def send(q: int, key: bytes, value: bytes) -> None:

@@ -755,7 +755,8 @@ class CommRouter(StateRunner[str]):
         if ranks is not None and ev.rank < ranks.n:
             prev = int(ranks.last_op_ts[ev.rank])
         for e in before:
-            if isinstance(e, OpEvent) and e.comm == ev.comm and e.rank == ev.rank and e.ts_us < ev.ts_us:
+            same = isinstance(e, OpEvent) and e.comm == ev.comm and e.rank == ev.rank
+            if same and e.ts_us < ev.ts_us:
                 prev = max(prev, e.ts_us)
         if prev < 0 or prev >= ev.ts_us + INFLIGHT_SLACK_US:
             return None
@@ -859,8 +860,11 @@ class CommRouter(StateRunner[str]):
                 if lonely is not None:
                     self.stats.uncorroborated += 1
                     why = f"not corroborated ({lonely}); alert only."
-            if why is None or v.benign:
-                out.append(v if why is None else msgspec.structs.replace(v, reason=f"{why} {v.reason}"))
+            if why is None:
+                out.append(v)
+                continue
+            if v.benign:  # a note stays a note; it says why too
+                out.append(msgspec.structs.replace(v, reason=f"{why} {v.reason}"))
                 continue
             out.append(msgspec.structs.replace(v, benign=True, reason=f"{why} {v.reason}"))
         return out

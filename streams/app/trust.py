@@ -31,12 +31,12 @@ from functools import lru_cache
 
 from c4base.signing import (
     SIG_HEADER,
-    parse_fresh,
     SigningError,
     command_bytes,
     commands_key,
     event_bytes,
     host_key,
+    parse_fresh,
     sign,
     verify,
 )
@@ -89,7 +89,8 @@ class Freshness:
         """Why (seq, ts_us) of ``host`` is not fresh, or None (then it is remembered)."""
         now = int(self.epoch() * 1e6)
         if ts_us > now + self.ahead_us:
-            return f"stale: {host[:80]} signed this message {(ts_us - now) / 1e6:.0f} s ahead of the wall clock"
+            ahead = (ts_us - now) / 1e6
+            return f"stale: {host[:80]} signed this message {ahead:.0f} s ahead of the wall clock"
         if ts_us < now - self.max_age_us:
             return f"stale: {host[:80]} signed this message {(now - ts_us) / 1e6:.0f} s ago"
         st = self._hosts.pop(host, None)  # re-inserted last: the dict is an LRU

@@ -21,7 +21,6 @@ from streams.worker import start_worker_process
 from tests.chaos.harness import (
     ROWS,
     SIM,
-    TRUTH,
     Row,
     as_messages,
     commands,
@@ -125,17 +124,21 @@ def test_forged_communicators_nobody_corroborates_isolate_nobody(
     ROWS.append(
         Row(
             "forged 2-message invented communicator, shipped defaults (signing off)",
-            sent=sent, deadlettered=st["deadletters_sent"],
-            false_isolations=sum(c.job == "forged-job" for c in iso), found="0/0",
+            sent=sent,
+            deadlettered=st["deadletters_sent"],
+            false_isolations=sum(c.job == "forged-job" for c in iso),
+            found="0/0",
             notes=f"alerted as not corroborated: {int('forged-job' in on)} communicator",
         )  # fmt: skip
     )
     ROWS.append(
         Row(
             "a new job id per pair of forged messages (22 messages, 5 pairs on node-001)",
-            sent=sent, deadlettered=st["deadletters_sent"],
-            false_isolations=sum(c.job.startswith("forged-") and c.job != "forged-job"
-                                 for c in iso),
+            sent=sent,
+            deadlettered=st["deadletters_sent"],
+            false_isolations=sum(
+                c.job.startswith("forged-") and c.job != "forged-job" for c in iso
+            ),
             found="0/0",
             notes=f"{sum(j.startswith('forged-') and j != 'forged-job' for j in on)} of "
             f"{len(VICTIMS)} invented communicators alerted as not corroborated",
@@ -151,7 +154,9 @@ def test_forged_communicators_nobody_corroborates_isolate_nobody(
     ROWS.append(
         Row(
             "the same with isolate_uncorroborated = true (control): rails across jobs",
-            sent=sent2, deadlettered=st2["deadletters_sent"], false_isolations=len(iso2),
+            sent=sent2,
+            deadlettered=st2["deadletters_sent"],
+            false_isolations=len(iso2),
             found="0/0",
             notes=f"isolated {sorted(hosts)}: at most once per host across jobs "
             "(before: 11 cordons, 5 on one host)",
@@ -209,8 +214,11 @@ def test_replayed_signed_messages_are_refused_and_the_fault_is_still_found(
     ROWS.append(
         Row(
             "genuine signed messages of the first 5 s re-sent at 10 s (signing on)",
-            sent=len(mixed), deadlettered=len(dls), duplicated=v.duplicated,
-            found=f"{int(v.found)}/1", false_isolations=v.false_isolations,
+            sent=len(mixed),
+            deadlettered=len(dls),
+            duplicated=v.duplicated,
+            found=f"{int(v.found)}/1",
+            false_isolations=v.false_isolations,
             notes=f"{len(replayed)} re-sent: {refused} refused as replayed, "
             f"{st['duplicates']} dropped as exact repeats; {st['contested_comms']} "
             "communicators contested",
@@ -235,8 +243,11 @@ def test_identical_re_sends_are_dropped_not_read_as_counters_going_back(
     ROWS.append(
         Row(
             "every message sent twice, byte for byte (signing off)",
-            sent=len(twice), deadlettered=st["deadletters_sent"], duplicated=v.duplicated,
-            found=f"{int(v.found)}/1", false_isolations=v.false_isolations,
+            sent=len(twice),
+            deadlettered=st["deadletters_sent"],
+            duplicated=v.duplicated,
+            found=f"{int(v.found)}/1",
+            false_isolations=v.false_isolations,
             notes=f"{st['duplicates']} dropped as exact repeats ({several} messages hold "
             f"several ops or heartbeats per rank); {st['contested_comms']} contested",
         )  # fmt: skip
@@ -281,8 +292,11 @@ def test_a_poisoned_normal_does_not_hide_the_hang(kafka_bootstrap: str, tmp_path
     ROWS.append(
         Row(
             "poisoned normal: 10 ops per communicator with exec_us = 1e15, 10 s before a hang",
-            sent=len(msgs), deadlettered=len(dls), duplicated=v.duplicated,
-            found=f"{int(v.found)}/1", false_isolations=v.false_isolations,
+            sent=len(msgs),
+            deadlettered=len(dls),
+            duplicated=v.duplicated,
+            found=f"{int(v.found)}/1",
+            false_isolations=v.false_isolations,
             notes=f"{len(poison)} poisoned messages ({sum(map(len, poison))} events) refused: "
             "an op cannot outlast the time since its rank's previous op",
         )  # fmt: skip
@@ -323,8 +337,11 @@ def test_a_400_mb_string_in_a_small_arrow_message_costs_nothing(
     ROWS.append(
         Row(
             f"one Arrow row with a 400 MB comm_name (a {len(bomb) // 1024} KB zstd message)",
-            sent=len(mixed), deadlettered=1, duplicated=v.duplicated,
-            found=f"{int(v.found)}/1", false_isolations=v.false_isolations,
+            sent=len(mixed),
+            deadlettered=1,
+            duplicated=v.duplicated,
+            found=f"{int(v.found)}/1",
+            false_isolations=v.false_isolations,
             notes=f"refused before decompressing; worker peak RSS {peak // 1024} MB "
             f"(the same trace without it: {base_peak // 1024} MB; before: +3.5 GB)",
         )  # fmt: skip
@@ -332,8 +349,6 @@ def test_a_400_mb_string_in_a_small_arrow_message_costs_nothing(
     assert "once decompressed" in dl.reason and len(bomb) < 200_000
     assert peak - base_peak < 100 * 1024, (peak, base_peak)
     assert v.found and v.false_isolations == 0 and st["deadletters_sent"] == 1
-
-
 
 
 # ------------------------------------------------------------------ high cardinality
@@ -384,8 +399,10 @@ def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
         Row(
             f"{COMMS:,} communicators over {JOBS:,} jobs, then a rank hang (the 120k/20k "
             "shape at a tenth)",
-            sent=len(msgs) + len(hang), deadlettered=st["deadletters_sent"],
-            duplicated=v.duplicated, found=f"{int(v.found)}/1",
+            sent=len(msgs) + len(hang),
+            deadlettered=st["deadletters_sent"],
+            duplicated=v.duplicated,
+            found=f"{int(v.found)}/1",
             false_isolations=v.false_isolations,
             notes=f"cap 1,500: {st['detect']['evicted']:,} evicted, {st['comms']:,} held; "
             f"peak RSS {peak // 1024} MB (bound {RSS_BOUND_MB}); intake "
@@ -414,7 +431,9 @@ def test_sigterm_is_honoured_within_seconds_under_load(
     ROWS.append(
         Row(
             f"SIGTERM while the worker reads the {COMMS:,}-communicator flood",
-            sent=len(msgs), found="", false_isolations=0,
+            sent=len(msgs),
+            found="",
+            false_isolations=0,
             notes=f"stopped {took:.1f} s after SIGTERM (status {code}; grace 5 s) with "
             f"{len(msgs) - busy:,} messages still to read",
         )  # fmt: skip

@@ -12,7 +12,13 @@ import pyarrow as pa
 import pytest
 
 from producers.columnar import MAX_DECODED_BYTES, decode_arrow, encode_arrow, events_table
-from producers.events import EventDecodeError, OpEvent, ProgressEvent, decode_message, encode_message
+from producers.events import (
+    EventDecodeError,
+    OpEvent,
+    ProgressEvent,
+    decode_message,
+    encode_message,
+)
 
 GOOD = OpEvent(v=1, job="j", comm="0xa", nranks=2, rank=0, host="node-1", ts_us=1, op="AllReduce",
                seq=1, bytes=8, exec_us=10.0)  # fmt: skip

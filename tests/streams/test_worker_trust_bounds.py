@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import msgspec
 import pytest
 
 from c4base.signing import host_key, signed_event_headers
