@@ -393,7 +393,9 @@ def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
         time.sleep(6)
         st = w.status()
         peak = _peak_rss(w.proc.pid)
-        assert w.stop() == 0, w.log_tail()
+        t = time.monotonic()
+        code = w.stop()
+        stopped = time.monotonic() - t
     v = judge(commands(kafka_bootstrap, cfg.topics().isolations, timeout=3))
     ROWS.append(
         Row(
@@ -406,9 +408,11 @@ def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
             false_isolations=v.false_isolations,
             notes=f"cap 1,500: {st['detect']['evicted']:,} evicted, {st['comms']:,} held; "
             f"peak RSS {peak // 1024} MB (bound {RSS_BOUND_MB}); intake "
-            f"{len(msgs) / took:,.0f} msg/s against a feed of {len(msgs) / fed:,.0f} msg/s",
+            f"{len(msgs) / took:,.0f} msg/s against a feed of {len(msgs) / fed:,.0f} msg/s; "
+            f"stopped in {stopped:.1f} s (status {code})",
         )  # fmt: skip
     )
+    assert code in (0, 4), code  # 4: the clean stop took over stop_grace_s, ended anyway
     assert st["detect"]["evicted"] > 0 and st["comms"] <= 1500 + 1000
     assert peak // 1024 < RSS_BOUND_MB
     assert v.found and v.false_isolations == 0
