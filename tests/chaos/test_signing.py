@@ -58,7 +58,7 @@ def signed(events: list[OpEvent], host: str, *, key: bytes | None = None, fmt: s
 def rec(value: bytes, headers: list[tuple[str, bytes]] | None, offset: int = 0) -> Record:
     h = dict(headers or [])
     return Record("ev", 0, offset, b"0xa", value, None, h.get("content-type"),
-                  h.get(HOST_HEADER), h.get(SIG_HEADER))  # fmt: skip
+                  h.get(HOST_HEADER), h.get(SIG_HEADER), h.get("c4-fresh"))  # fmt: skip
 
 
 def router(masters: list[bytes] | None = None) -> CommRouter:
