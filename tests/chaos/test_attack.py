@@ -375,7 +375,7 @@ RSS_BOUND_MB = 700
 def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """The 120k/20k shape at a tenth (the full size: ``bench/bench_cardinality.py``):
+    """The 120k/20k shape at a twentieth (the full size: ``bench/bench_cardinality.py``):
     idle state is evicted beyond the cap, RSS stays under a bound, intake keeps up, and
     the rank hang sent afterwards is found."""
     msgs = flood(COMMS, JOBS)
@@ -400,7 +400,7 @@ def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
     ROWS.append(
         Row(
             f"{COMMS:,} communicators over {JOBS:,} jobs, then a rank hang (the 120k/20k "
-            "shape at a tenth)",
+            "shape at a twentieth)",
             sent=len(msgs) + len(hang),
             deadlettered=st["deadletters_sent"],
             duplicated=v.duplicated,
