@@ -82,6 +82,10 @@ class _Group:
             self.top = top
 
 
+_EVICT_PER_TICK = 1000
+"""Communicators evicted per tick at most (each is checkpointed first: a tick's work
+stays bounded however many went idle at once)."""
+
 _DUPLICATE = EventDecodeError("an exact repeat of a message already accepted")
 """What :meth:`CommRouter._decode` gives for a message dropped as a duplicate."""
 
@@ -1017,6 +1021,8 @@ class CommRouter(StateRunner[str]):
                 break
             if wall - at < lim.evict_idle_s:
                 break  # the rest are more recent: active state is never evicted
+            if len(gone) >= _EVICT_PER_TICK:
+                break  # each is checkpointed first: the rest wait for the next tick
             if lane in self._open or lane in self.pending:
                 continue
             keys = sorted(self.by_lane.get(lane, ()))
