@@ -1015,10 +1015,8 @@ class CommRouter(StateRunner[str]):
         gone: list[str] = []
         lanes = 0
         for lane, at in list(self._last_active.items()):
-            if len(self.comms) - len(gone) <= lim.max_comms and (
-                len(self.by_lane) - lanes <= lim.max_lanes
-            ):
-                break
+            if len(self.comms) <= lim.max_comms and len(self.by_lane) <= lim.max_lanes:
+                break  # (evicted ones are gone from both already)
             if wall - at < lim.evict_idle_s:
                 break  # the rest are more recent: active state is never evicted
             if len(gone) >= _EVICT_PER_TICK:

@@ -200,3 +200,24 @@ def test_an_op_cannot_outlast_the_time_since_its_predecessor(arrow: bool) -> Non
     assert "exec_us 1e+15 is longer than the 0.140 s since rank 0's previous op" in dl.reason
     fits = [op(1, T0 + 3 * S, 11, exec_us=2.5e6)]  # 2.5 s, 2.61 s after its predecessor
     assert r.process([rec(2, fits, arrow)]).deadletters == []
+
+
+def test_idle_lanes_beyond_the_cap_are_checkpointed_evicted_and_restored() -> None:
+    table: dict[bytes, bytes] = {}
+    wall = [0.0]
+    r = CommRouter(CoreEngine(), table.get, checkpoint_every_events=10**9,
+                   checkpoint_every_s=1e9, advance_every_us=250_000, clock=lambda: wall[0],
+                   epoch=lambda: T0 / 1e6 + 60,
+                   limits=EdgeLimits(max_comms=2, evict_idle_s=10.0))  # fmt: skip
+    for i in range(4):
+        r.process([rec(i, [op(k, T0 + i * S, 1, comm=f"0x{i}", job=f"j{i}") for k in range(4)])])
+        r.tick()  # (a lane's activity is noted by the tick after its messages)
+        wall[0] += 1.0
+    assert r.stats.evicted == 0  # nothing idle for 10 s yet: active state is kept
+    wall[0] = 11.5  # 0x0 and 0x1 quiet for over 10 s, 0x2 and 0x3 not yet
+    out = r.tick()
+    table.update({k: v for _, k, v in out.checkpoints})
+    assert r.stats.evicted == 2 and sorted(r.comms) == ["0x2", "0x3"]
+    assert sorted(table) == [b"0x0", b"0x1"]
+    r.process([rec(9, [op(0, T0 + 9 * S, 2, comm="0x0", job="j0")])])  # it speaks again
+    assert "0x0" in r.comms and r.stats.restored == 1
