@@ -41,20 +41,24 @@ import re
 import secrets
 import stat
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 __all__ = [
     "COMMANDS_CONTEXT",
+    "FRESH_HEADER",
     "HOST_HEADER",
     "KEY_BYTES",
     "SIG_HEADER",
     "KeyFileError",
+    "Sequencer",
     "SigningError",
     "command_bytes",
     "command_refusal",
     "commands_key",
     "event_bytes",
+    "fresh_value",
+    "parse_fresh",
     "signed_event_headers",
     "generate_key_file",
     "header",
@@ -68,12 +72,17 @@ __all__ = [
 
 HOST_HEADER = "c4-host"
 SIG_HEADER = "c4-sig"
+FRESH_HEADER = "c4-fresh"
+"""Optional header of a signed events message: ``<seq>.<ts_us>``, the signing host's
+message sequence number and its wall time when it signed, both inside the signature
+(a captured message re-sent later repeats its seq and its age shows)."""
 KEY_BYTES = 32
 """A key is 32 bytes (SHA-256's block of entropy); shorter key files are refused."""
 EXPORTER_CONTEXT = b"c4stream/exporter/"
 COMMANDS_CONTEXT = b"c4stream/commands"
 _VERSION = b"v1="
 _EVENTS_DOMAIN = b"c4stream/events/v1"
+_FRESH_DOMAIN = b"c4stream/events/v2"
 _COMMANDS_DOMAIN = b"c4stream/commands/v1"
 _LEN = struct.Struct("!I")
 # Same rule as producers.guard.HOST_PATTERN (the floor cannot import producers): a key
@@ -113,25 +122,89 @@ def _framed(*parts: bytes) -> bytes:
     return b"".join(_LEN.pack(len(p)) + p for p in parts)
 
 
-def event_bytes(value: bytes, host: str, content_type: bytes | str | None) -> bytes:
-    """What an events message's signature covers: domain, host, content type, value."""
+def event_bytes(
+    value: bytes, host: str, content_type: bytes | str | None, fresh: bytes | None = None
+) -> bytes:
+    """What an events message's signature covers: domain, host, content type, value, and
+    the ``c4-fresh`` header when the message has one (another domain: a v1 signature,
+    without it, stays valid, and a fresh header cannot be added to or taken off a
+    signed message)."""
     ct = content_type.encode() if isinstance(content_type, str) else (content_type or b"")
-    return _framed(_EVENTS_DOMAIN, host.encode(), ct, value)
+    if fresh is None:
+        return _framed(_EVENTS_DOMAIN, host.encode(), ct, value)
+    return _framed(_FRESH_DOMAIN, host.encode(), ct, fresh, value)
+
+
+def fresh_value(seq: int, ts_us: int) -> bytes:
+    """The ``c4-fresh`` header value.
+
+    >>> fresh_value(17, 1_750_000_000_000_000), parse_fresh(b"17.1750000000000000")
+    (b'17.1750000000000000', (17, 1750000000000000))
+    >>> parse_fresh(b"17") is None, parse_fresh(b"-1.5") is None, parse_fresh(b"1." + b"9" * 30)
+    (True, True, None)
+    """
+    return f"{seq}.{ts_us}".encode()
+
+
+def parse_fresh(raw: bytes | None) -> tuple[int, int] | None:
+    """(seq, ts_us) of a ``c4-fresh`` header, or None when absent or malformed."""
+    if raw is None or len(raw) > 41:  # two int64 and a dot
+        return None
+    seq, dot, ts = raw.partition(b".")
+    if not dot or not seq.isdigit() or not ts.isdigit():
+        return None
+    s, t = int(seq), int(ts)
+    return (s, t) if s < 2**63 and t < 2**63 else None
 
 
 def signed_event_headers(
-    key: bytes, host: str, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None
+    key: bytes,
+    host: str,
+    value: bytes,
+    headers: Sequence[tuple[str, bytes]] | None = None,
+    fresh: tuple[int, int] | None = None,
 ) -> list[tuple[str, bytes]]:
-    """``headers`` (e.g. an Arrow batch's ``content-type``) plus ``c4-host`` and ``c4-sig``.
+    """``headers`` (e.g. an Arrow batch's ``content-type``) plus ``c4-host`` and ``c4-sig``
+    (and ``c4-fresh`` when ``fresh`` = (seq, ts_us) is given: inside the signature).
 
     >>> hs = signed_event_headers(bytes(32), "n1", b"[]")
     >>> [k for k, _ in hs], verify([bytes(32)], event_bytes(b"[]", "n1", None), hs[1][1])
     (['c4-host', 'c4-sig'], True)
+    >>> hs = signed_event_headers(bytes(32), "n1", b"[]", fresh=(5, 9))
+    >>> [k for k, _ in hs], verify([bytes(32)], event_bytes(b"[]", "n1", None, b"5.9"), hs[2][1])
+    (['c4-host', 'c4-fresh', 'c4-sig'], True)
     """
-    out = [(k, v) for k, v in headers or () if k not in (HOST_HEADER, SIG_HEADER)]
+    drop = (HOST_HEADER, SIG_HEADER, FRESH_HEADER)
+    out = [(k, v) for k, v in headers or () if k not in drop]
     ct = header(out, "content-type")
-    sig = sign(key, event_bytes(value, host, ct))
-    return [*out, (HOST_HEADER, host.encode()), (SIG_HEADER, sig)]
+    fv = fresh_value(*fresh) if fresh is not None else None
+    sig = sign(key, event_bytes(value, host, ct, fv))
+    mine = [(HOST_HEADER, host.encode())] + ([(FRESH_HEADER, fv)] if fv is not None else [])
+    return [*out, *mine, (SIG_HEADER, sig)]
+
+
+class Sequencer:
+    """A host's message sequence numbers for ``c4-fresh``: they start at the wall clock's
+    microseconds when the process starts and grow by one per message, so they keep
+    growing across restarts (unless a host sends more than a million messages a second)
+    with no state on disk.
+
+    >>> s = Sequencer(clock=lambda: 10.0)
+    >>> s.next(), s.next()
+    ((10000000, 10000000), (10000001, 10000000))
+    """
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self._clock = clock or time.time
+        self._seq = int(self._clock() * 1e6)
+
+    def next(self) -> tuple[int, int]:
+        """(seq, ts_us) for the next message."""
+        seq = self._seq
+        self._seq += 1
+        return seq, int(self._clock() * 1e6)
 
 
 def command_bytes(value: bytes) -> bytes:

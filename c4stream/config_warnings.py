@@ -13,14 +13,17 @@ the cross-table cases a user trips over:
 - **signed commands nobody signs.** ``[actuator] require_signed_commands`` refuses
   every command unless the worker signs them, which it does only with
   ``[worker] master_key_files``.
+- **signing off.** ``[worker] require_signed_events`` or ``[actuator]
+  require_signed_commands`` false: anyone who can write ``c4.events`` speaks for any
+  host, anyone who can write ``c4.isolations`` commands (one line each, loud).
 - **Events outside "default".** ``kubectl describe node`` shows only Node Events in
   namespace ``default``.
 
 >>> text = '[actuator]\\nexecute = true\\n'
->>> [w.section for w in config_warnings(text=text, env={})]
-['actuator']
->>> config_warnings(text=text + '[worker.policy]\\ndry_run = false\\n', env={})
-[]
+>>> [w.message[:40] for w in config_warnings(text=text, env={})]
+['[actuator] execute = true, but [worker.p', 'SIGNING IS OFF: [actuator] require_signe']
+>>> [w.message[:40] for w in config_warnings(text='[worker]\\n', env={})]
+['SIGNING IS OFF: [worker] require_signed_']
 """
 
 from __future__ import annotations
@@ -59,6 +62,14 @@ def config_warnings(
     env = {} if env is None else env
     doc, _ = load_raw(path, text=text, env=env)
     out: list[ConfigWarning] = []
+    if "worker" in doc and not (doc.get("worker") or {}).get("require_signed_events", False):
+        out.append(
+            ConfigWarning(
+                "worker",
+                "SIGNING IS OFF: [worker] require_signed_events = false: any writer of "
+                "c4.events can speak for any host (docs/security.md section 5)",
+            )
+        )
     if "actuator" in doc:
         act = _section("actuator", path, text, env)
         policy = (doc.get("worker") or {}).get("policy") or {}
@@ -74,6 +85,14 @@ def config_warnings(
                 )
             )
         worker = doc.get("worker") or {}
+        if act is not None and not act.require_signed_commands:
+            out.append(
+                ConfigWarning(
+                    "actuator",
+                    "SIGNING IS OFF: [actuator] require_signed_commands = false: any writer "
+                    "of c4.isolations can command (docs/security.md section 5)",
+                )
+            )
         if act is not None and act.require_signed_commands and not worker.get("master_key_files"):
             out.append(
                 ConfigWarning(

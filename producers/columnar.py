@@ -43,8 +43,9 @@ producers.events.EventDecodeError: not an Arrow IPC stream: ...
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -100,6 +101,10 @@ MAX_MESSAGE_BYTES = 32 << 20
 """Larger messages are refused unread (Kafka's own default limit is 1 MB)."""
 MAX_ROWS = 1_000_000
 MAX_CONNS = 16_000_000
+MAX_DECODED_BYTES = 64 << 20
+"""Most bytes a message's record batches may take once decompressed, checked from the
+IPC metadata before anything is decompressed (a 17 KB message whose zstd body held a
+400 MB ``comm_name`` cost a worker 3.5 GB)."""
 
 #: One connection of a rank with a peer (``producers.events.Conn``).
 CONN_TYPE = pa.struct(
@@ -149,22 +154,82 @@ _IDENTITY_REQUIRED = ("kind", "v", "job", "comm", "nranks", "rank", "host", "ts_
 _OP_REQUIRED = ("op", "seq", "bytes", "exec_us")
 _PROGRESS_REQUIRED = ("started", "completed")
 _NON_EMPTY = ("job", "comm", "host")
-_MIN: dict[str, int] = {
-    "nranks": 1,
-    "rank": 0,
-    "gpu": 0,
-    "seq": 0,
-    "bytes": 0,
-    "started": 0,
-    "completed": 0,
-    "exec_us": 0,
-    "inflight_us": 0,
-}
 _CONN_REQUIRED = ("peer", "dir", "bytes")
-_CONN_MIN = {"peer": 0, "bytes": 0, "time_us": 0, "retrans": 0}
 _OP_ONLY = ("op", "seq", "bytes", "exec_us", "algbw_gbs", "busbw_gbs", "algo", "proto")
 _PROGRESS_ONLY = ("started", "completed", "inflight_op", "inflight_us")
 _IDENTITY = ("v", "job", "comm", "nranks", "rank", "host", "ts_us", "comm_name", "gpu", "nic")
+
+
+class _Rule(NamedTuple):
+    """What the JSON decoder asks of one field (its msgspec annotation): numbers within
+    [ge, le] (NaN and infinities are not), strings of at most ``max_length`` characters
+    matching ``pattern``."""
+
+    ge: float | None = None
+    le: float | None = None
+    max_length: int | None = None
+    pattern: str | None = None
+
+
+@cache
+def _rules() -> tuple[dict[str, _Rule], dict[str, _Rule]]:
+    """The contract's bounds per column and per connection field, read from the event
+    structs' annotations, so that an Arrow batch is held to the very rules the JSON
+    decoder applies (one definition: ``producers.events``)."""
+    import msgspec.inspect as mi
+
+    def rule(t: Any) -> _Rule | None:
+        if isinstance(t, mi.UnionType):
+            t = next((x for x in t.types if not isinstance(x, mi.NoneType)), None)
+        if isinstance(t, mi.IntType | mi.FloatType):
+            return _Rule(ge=t.ge, le=t.le)
+        if isinstance(t, mi.StrType):
+            return _Rule(max_length=t.max_length, pattern=t.pattern)
+        return None
+
+    cols: dict[str, _Rule] = {}
+    for cls in (OpEvent, ProgressEvent):
+        for f in mi.type_info(cls).fields:  # type: ignore[union-attr]
+            r = rule(f.type)
+            if r is not None and f.name != "v":
+                cols[f.name] = r
+    conn = {f.name: r for f in mi.type_info(Conn).fields if (r := rule(f.type))}  # type: ignore[union-attr]
+    return cols, conn
+
+
+def _out_of_rule(a: pa.Array, r: _Rule) -> tuple[np.ndarray, str] | None:
+    """Rows of ``a`` that break ``r`` (nulls never do) and what the JSON decoder says."""
+    if r.ge is not None or r.le is not None:
+        x = np.asarray(a.to_numpy(zero_copy_only=False), np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.ones(len(x), bool)
+            if r.ge is not None:
+                ok &= x >= r.ge
+            if r.le is not None:
+                ok &= x <= r.le
+        bad = ~ok & _valid(a) if a.null_count else ~ok
+        if bad.any():
+            got = a[_first_bad(bad)].as_py()
+            if r.ge is not None and not got >= r.ge:
+                return bad, f"Expected a value >= {r.ge:g}, got {got}"
+            return bad, f"Expected a value <= {r.le:g}, got {got}"
+        return None
+    if r.max_length is not None:
+        over = _str_lengths(a) > r.max_length  # bytes: at least as many as characters
+        if over.any():
+            chars = np.asarray(pc.fill_null(pc.utf8_length(a), 0).to_numpy(zero_copy_only=False))
+            over = chars > r.max_length
+            if over.any():
+                return over, f"Expected `str` of length <= {r.max_length}"
+    if r.pattern is not None:
+        import re
+
+        rx = re.compile(r.pattern)
+        wrong = [u for u in pc.unique(a).to_pylist() if u is not None and not rx.fullmatch(u)]
+        if wrong:
+            bad = _np_bool(pc.is_in(a, value_set=pa.array(wrong, a.type)))
+            return bad, f"Expected `str` matching regex {r.pattern!r}"
+    return None
 
 
 # ---------------------------------------------------------------------------- encode
@@ -632,14 +697,6 @@ def _valid(a: pa.Array) -> np.ndarray:
     return np.unpackbits(bits, bitorder="little")[a.offset : a.offset + n].astype(bool)
 
 
-def _below(a: pa.Array, lo: float) -> np.ndarray:
-    """Slots holding a value that is not >= ``lo`` (NaN included; nulls are not)."""
-    x = np.asarray(a.to_numpy(zero_copy_only=False))  # an int column with nulls: float, NaN
-    with np.errstate(invalid="ignore"):
-        bad = ~(x >= lo)
-    return bad & _valid(a) if a.null_count else bad
-
-
 def _str_lengths(a: pa.Array) -> np.ndarray:
     """Byte length of each slot of a ``string`` array, from its offsets buffer."""
     off = np.frombuffer(a.buffers()[1], np.int32)[a.offset : a.offset + len(a) + 1]
@@ -718,20 +775,23 @@ def validate_table(table: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
         empty = _str_lengths(cols[name]) == 0
         if empty.any():
             raise EventDecodeError(where(name, empty, "Expected `str` of length >= 1"))
-    for name, lo in _MIN.items():
+    col_rules, conn_rules = _rules()
+    for name, rule in col_rules.items():
         col = cols[name]
         if col.null_count == n:
             continue
         # rows of the other kind are not judged (their value is ignored, as JSON ignores
         # a field its kind does not have); NaN is not >= 0 for the JSON decoder either
-        badm = _below(col, lo)
+        broken = _out_of_rule(col, rule)
+        if broken is None:
+            continue
+        badm, what = broken
         if name in _OP_ONLY:
             badm &= is_op
         elif name in _PROGRESS_ONLY:
             badm &= is_pr
         if badm.any():
-            got = col[_first_bad(badm)].as_py()
-            raise EventDecodeError(where(name, badm, f"Expected a value >= {lo}, got {got}"))
+            raise EventDecodeError(where(name, badm, what))
     conns = cols["conns"]
     if conns.null_count < n:
         flat = conns.flatten()  # struct values of the non-null lists
@@ -755,25 +815,108 @@ def validate_table(table: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
                 raise EventDecodeError(
                     f"Invalid enum value {d[i].as_py()!r} - at connection {i}, field `dir`"
                 )
-            for name, lo in _CONN_MIN.items():
+            for name, rule in conn_rules.items():
                 c = cn[name]
-                if c.null_count == len(c):
+                if c.null_count == len(c) or name == "dir":
                     continue
-                badc = _below(c, lo)
-                if badc.any():
-                    i = _first_bad(badc)
-                    raise EventDecodeError(
-                        f"Expected a value >= {lo}, got {c[i].as_py()} - at connection {i}, "
-                        f"field `{name}`"
-                    )
+                broken = _out_of_rule(c, rule)
+                if broken is not None:
+                    i = _first_bad(broken[0])
+                    raise EventDecodeError(f"{broken[1]} - at connection {i}, field `{name}`")
     if canonical:
         return batch
     return pa.RecordBatch.from_arrays([cols[f.name] for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
 
 
+def _u32(b: bytes, i: int) -> int:
+    return int.from_bytes(b[i : i + 4], "little")
+
+
+def _field_pos(b: bytes, table: int, field: int) -> int | None:
+    """Position of a flatbuffer table's ``field`` (None: absent), bounds checked."""
+    vt = table - int.from_bytes(b[table : table + 4], "little", signed=True)
+    if not 0 <= vt <= len(b) - 4:
+        raise ValueError("vtable out of bounds")
+    vlen = int.from_bytes(b[vt : vt + 2], "little")
+    at = 4 + 2 * field
+    if at + 2 > vlen:
+        return None
+    off = int.from_bytes(b[vt + at : vt + at + 2], "little")
+    return table + off if off else None
+
+
+def _ref(b: bytes, pos: int) -> int:
+    target = pos + _u32(b, pos)
+    if not 0 <= target < len(b):
+        raise ValueError("offset out of bounds")
+    return target
+
+
+def _decoded_size(meta: bytes, body: bytes) -> int:
+    """Bytes a record (or dictionary) batch message's buffers take decompressed, read
+    from its metadata (Arrow's ``Message`` flatbuffer: header → ``RecordBatch`` →
+    ``buffers`` and ``compression``) and, when compressed, from each buffer's 8-byte
+    uncompressed length prefix. Nothing is decompressed."""
+    msg = _ref(meta, 0)
+    kind_pos, head_pos = _field_pos(meta, msg, 1), _field_pos(meta, msg, 2)
+    if kind_pos is None or head_pos is None:
+        return len(body)
+    kind, head = meta[kind_pos], _ref(meta, head_pos)
+    if kind == 4:  # DictionaryBatch: its RecordBatch is field 1
+        data_pos = _field_pos(meta, head, 1)
+        if data_pos is None:
+            return len(body)
+        head = _ref(meta, data_pos)
+    elif kind != 3:  # not a RecordBatch
+        return len(body)
+    bufs_pos = _field_pos(meta, head, 2)
+    if bufs_pos is None:
+        return 0
+    vec = _ref(meta, bufs_pos)
+    n = _u32(meta, vec)
+    if vec + 4 + 16 * n > len(meta):
+        raise ValueError("buffers out of bounds")
+    compressed = _field_pos(meta, head, 3) is not None
+    total = 0
+    for i in range(n):
+        at = vec + 4 + 16 * i
+        off = int.from_bytes(meta[at : at + 8], "little", signed=True)
+        length = int.from_bytes(meta[at + 8 : at + 16], "little", signed=True)
+        if off < 0 or length < 0 or off + length > len(body):
+            raise ValueError("buffer out of bounds")
+        if not compressed or length < 8:
+            total += length
+            continue
+        raw = int.from_bytes(body[off : off + 8], "little", signed=True)
+        total += length - 8 if raw < 0 else raw  # -1: stored uncompressed
+    return total
+
+
+def _check_decoded_size(data: bytes) -> None:
+    """Refuse a stream whose batches would decompress to more than
+    :data:`MAX_DECODED_BYTES`, before any is decompressed."""
+    total = 0
+    try:
+        reader = pa.BufferReader(pa.py_buffer(data))
+        while (pos := reader.tell()) < len(data) and data[pos : pos + 8] != _EOS:
+            msg = pa.ipc.read_message(reader)
+            if msg.type in ("record batch", "dictionary"):
+                total += _decoded_size(msg.metadata.to_pybytes(), msg.body.to_pybytes())
+            if total > MAX_DECODED_BYTES:
+                raise EventDecodeError(
+                    f"Arrow batches of {total} bytes or more once decompressed "
+                    f"(limit {MAX_DECODED_BYTES})"
+                )
+    except EventDecodeError:
+        raise
+    except (pa.ArrowException, ValueError, OSError, EOFError, IndexError) as err:
+        raise EventDecodeError(f"not an Arrow IPC stream: {err}") from None
+
+
 def _read_stream(data: bytes) -> pa.RecordBatch:
     if len(data) > MAX_MESSAGE_BYTES:
         raise EventDecodeError(f"message of {len(data)} bytes (limit {MAX_MESSAGE_BYTES})")
+    _check_decoded_size(data)
     batches = _read_canonical(data)
     if batches is None:
         batches = _read_any(data)

@@ -32,7 +32,7 @@ from confluent_kafka import KafkaError, Message
 
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
-from c4base.signing import host_key, load_key, signed_event_headers
+from c4base.signing import Sequencer, host_key, load_key, signed_event_headers
 from c4base.topics import Topics
 from producers.columnar import WireFormat, encode_batch
 from producers.events import Event
@@ -198,6 +198,7 @@ def replay(
     fmt = config.format
     encode_batch([], fmt)  # an unknown format fails here, before anything is sent
     master = load_key(config.sign_with) if config.sign_with is not None else None
+    seqs: dict[str, Sequencer] = {}  # per host, as each host's exporter numbers its messages
 
     def send_events(events: list[Event], comm: str) -> None:
         if master is None:
@@ -209,7 +210,8 @@ def replay(
             by_host.setdefault(ev.host, []).append(ev)
         for host, evs in by_host.items():
             value, headers = encode_batch(evs, fmt)
-            headers = signed_event_headers(host_key(master, host), host, value, headers)
+            fresh = seqs.setdefault(host, Sequencer()).next()
+            headers = signed_event_headers(host_key(master, host), host, value, headers, fresh)
             send(value, comm, len(evs), min(e.ts_us for e in evs), headers)
 
     def flush_groups() -> None:

@@ -83,6 +83,16 @@ def run_worker(
                 super()._setup_logging()
             lifeguard.install_repeat_filter()
 
+        def install_signal_handlers(self) -> None:
+            super().install_signal_handlers()
+            # the stop deadline starts when the signal arrives, not when the loop next
+            # gets a turn (a long step once kept SIGTERM waiting for a minute)
+            lifeguard.arm_on_signal(
+                (signal.SIGTERM, signal.SIGINT),
+                config.stop_grace_s,
+                lambda: write_status(status_path, {**parts.status(), "ready": False}),
+            )
+
         def _schedule_shutdown(self, signum: signal.Signals) -> None:
             # Faust's clean stop waits for the broker; bound it (status 4 past the grace).
             if not self._signal_stop_time:

@@ -48,6 +48,17 @@ REQUIRED = {
     "c4base.deadletter:MAX_PAYLOAD",
     "c4base.deadletter:MAX_REASON",
     "c4base.deadletter:MAX_KEY",
+    "producers.columnar:MAX_DECODED_BYTES",
+    "streams.app.settings:WorkerConfig.dedup_messages",
+    "streams.app.detect_runner:EdgeLimits.exec_free_us",
+    "streams.app.settings:WorkerConfig.replay_window_s",
+    "streams.app.trust:MAX_SEQS_PER_HOST",
+    "streams.app.settings:WorkerConfig.contested_hold_s",
+    "streams.app.settings:WorkerConfig.max_isolations_per_hour",
+    "streams.app.settings:WorkerConfig.max_comms",
+    "streams.app.settings:WorkerConfig.max_lanes",
+    "streams.app.settings:WorkerConfig.evict_idle_s",
+    "streams.core.stats:CLIP_X",
 }
 
 _UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}

@@ -36,7 +36,7 @@ from c4base.consumer_lag import observe_latency
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
 from c4base.metrics import MetricsLike, NullMetrics
-from c4base.signing import load_key, signed_event_headers
+from c4base.signing import Sequencer, load_key, signed_event_headers
 from c4base.topics import Topics
 from producers.columnar import WireFormat, encode_batch
 from producers.events import Event, OpEvent, edge_problem, encode_message
@@ -208,6 +208,8 @@ class Exporter:
         self._closing = False
         self._arrow = config.format == "arrow"
         self._key = load_key(config.signing_key_file) if config.signing_key_file else None
+        self._seq = Sequencer()
+        """This host's message numbers (header ``c4-fresh``, inside the signature)."""
         self._warned: set[str] = set()
         self._summ = (
             Summariser(config.summary_k, every=config.summary_intervals)
@@ -338,8 +340,10 @@ class Exporter:
             unit.value = b"[" + b",".join(unit.parts) + b"]"  # what encode_message(events) gives
         unit.parts = []  # the message bytes are what is kept for a resend
         if self._key is not None and self.config.host is not None:
+            # seq and time inside the signature: a re-sent unit keeps them (a retry
+            # is an exact repeat), a captured one replayed later is refused
             unit.headers = signed_event_headers(
-                self._key, self.config.host, unit.value, unit.headers
+                self._key, self.config.host, unit.value, unit.headers, self._seq.next()
             )
         self._send(unit)
 

@@ -429,6 +429,11 @@ def run(
     stop = stop or threading.Event()
     metrics = metrics or NullMetrics()
     stats = RunStats()
+    if not cfg.require_signed_commands:
+        log.warning(
+            "SIGNING IS OFF: [actuator] require_signed_commands = false, so any writer of "
+            "c4.isolations can command (docs/security.md section 5)"
+        )
     outcomes = (
         OutcomePublisher(
             Producer(cfg.kafka.producer_config(logger=kafka_logger(STAGE))), cfg.actions_topic()

@@ -29,14 +29,14 @@ from typing import Any
 from c4base.metrics import MetricsLike, NullMetrics
 from c4base.signing import load_keys
 from streams.app.checkpoint import TableCheckpoints
-from streams.app.correlate_runner import CorrelatorRunner
+from streams.app.correlate_runner import CorrelatorRunner, HostRails
 from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
 from streams.app.detect_runner import CommRouter, EdgeLimits
 from streams.app.engine import Engine
 from streams.app.faust_adapter import ConsumerView
 from streams.app.runner import Output
 from streams.app.settings import COMM_TABLE, CORRELATOR_TABLE, WorkerConfig
-from streams.app.trust import CommandSigner, EventTrust
+from streams.app.trust import CommandSigner, EventTrust, Freshness
 from streams.app.watermark import WatermarkSender, job_partition
 from streams.commands import encode_command
 from streams.verdicts import encode_verdict
@@ -81,6 +81,9 @@ class WorkerParts:
             "comms": len(self.router.comms),
             "clock_us": {f"{p}/{job}": t for (p, job), t in sorted(self.router.clock_us.items())},
             "contested_comms": len(self.router.contested),
+            "duplicates": self.router.stats.duplicates,
+            "evicted": self.router.stats.evicted,
+            "lanes": len(self.router.by_lane),
             "unreadable_checkpoints": self.comm_store.unreadable + self.correlator_store.unreadable,
             "watermarks": self.correlator.describe(),
             "late": late_status(self.router, self.correlator),
@@ -152,8 +155,15 @@ def register_agents(
             max_future_skew_us=int(config.max_future_skew_s * 1e6),
             max_past_skew_us=int(config.max_past_skew_s * 1e6),
             max_message_bytes=config.max_message_bytes,
+            contested_hold_s=config.contested_hold_s,
+            exec_free_us=int(config.detect.hang_floor_us / config.detect.hang_period_mult),
+            dedup_messages=config.dedup_messages,
+            isolate_uncorroborated=config.isolate_uncorroborated,
+            max_comms=config.max_comms,
+            max_lanes=config.max_lanes,
+            evict_idle_s=config.evict_idle_s,
         ),
-        trust=EventTrust(masters) if config.require_signed_events else None,
+        trust=event_trust(config, masters),
     )
     correlator = CorrelatorRunner(
         engine,
@@ -167,6 +177,7 @@ def register_agents(
         slice_us=int(config.verdict_slice_s * 1e6),
         allowed_lateness_us=config.policy.allowed_lateness_us,
         forget_lane_s=config.forget_lane_s,
+        host_rails=HostRails(config.max_isolations_per_hour, config.policy.cooldown_us / 1e6),
     )
     dl = DeadLetterPublisher(deadletter_t)
     parts = WorkerParts(router, correlator, comm_store, cor_store, dl, set(), time.time())
@@ -287,6 +298,23 @@ def register_agents(
         log.info("worker state checkpointed; stopping")
 
     return parts
+
+
+def event_trust(config: WorkerConfig, masters: list[bytes]) -> EventTrust | None:
+    """The worker's check of signed events, or None (then it says so, loudly: anyone
+    who can write ``c4.events`` can then speak for any host)."""
+    if not config.require_signed_events:
+        log.warning(
+            "SIGNING IS OFF: [worker] require_signed_events = false, so any writer of "
+            "c4.events can speak for any host (docs/security.md section 5)"
+        )
+        return None
+    fresh = Freshness(
+        window_us=int(config.replay_window_s * 1e6),
+        max_age_us=int(config.max_past_skew_s * 1e6),
+        ahead_us=int(config.max_future_skew_s * 1e6),
+    )
+    return EventTrust(masters, fresh, require_fresh=config.require_fresh_events)
 
 
 def late_status(router: CommRouter, correlator: CorrelatorRunner) -> dict[str, dict[str, int]]:

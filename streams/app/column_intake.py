@@ -28,8 +28,8 @@ class BlockFacts:
     """What admission asks of each Arrow message of a consumer batch, computed for all of
     them at once (numpy over the batch's rows), as Python lists indexed by message."""
 
-    __slots__ = ("comm", "contract_ok", "job", "nr_first", "nr_max", "nr_min", "plain",
-                 "ts_max", "ts_min")  # fmt: skip
+    __slots__ = ("comm", "contract_ok", "ex_max", "job", "nr_first", "nr_max", "nr_min",
+                 "plain", "ts_max", "ts_min")  # fmt: skip
 
     def __init__(self, block: ColumnBlock) -> None:
         st = block.starts[:-1]  # every message has rows (empty ones are refused)
@@ -54,6 +54,9 @@ class BlockFacts:
         self.nr_max: list[int] = np.maximum.reduceat(nr, st).tolist()
         self.ts_min: list[int] = np.minimum.reduceat(ts, st).tolist()
         self.ts_max: list[int] = np.maximum.reduceat(ts, st).tolist()
+        ex = np.where(block.is_op, block.column("exec_us"), 0.0)
+        self.ex_max: list[float] = np.maximum.reduceat(ex, st).tolist()
+        """Longest op ``exec_us`` per message (0.0: none): long ones are checked row by row."""
 
 
 ProgressState = dict[str, dict[int, tuple[int, int, int]]]

@@ -11,21 +11,92 @@ from __future__ import annotations
 import heapq
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from streams.app.deadletter import Record, dead_letter
 from streams.app.detect_runner import Lane
 from streams.app.engine import CorrelatorLike, Engine
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
 from streams.app.watermark import Watermark, decode_watermark
+from streams.commands import IsolationCommand
 from streams.core.correlate import LateEvidence
 from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict
 
-__all__ = ["CorrelatorRunner"]
+__all__ = ["CorrelatorRunner", "HostRails"]
 
 log = logging.getLogger(__name__)
+
+
+class HostRails:
+    """Rails that hold across jobs, on the worker's own clock (a job id is free to
+    invent, and each job has its own event time): a host isolated for one job is not
+    isolated again for another within ``cooldown_s``, and at most ``max_per_hour``
+    isolating commands go out per rolling hour whatever their jobs. Beyond, a command
+    becomes ``alert_only`` and its reason says why. (The per-job cap and cool-down of
+    the correlator still apply within a job.)
+
+    >>> from streams.commands import IsolationCommand
+    >>> cmd = lambda job, host: IsolationCommand(id=job + host, ts_us=1, job=job,
+    ...     host=host, fault="straggler", action="cordon_and_taint", confidence=1.0,
+    ...     reason="slow.", evidence={})
+    >>> r = HostRails(2, 600.0, clock=lambda: 0.0)
+    >>> [c.action for c in r.apply([cmd("a", "n1"), cmd("b", "n1"), cmd("c", "n2"),
+    ...                             cmd("d", "n3")])]
+    ['cordon_and_taint', 'alert_only', 'cordon_and_taint', 'alert_only']
+    >>> r.apply([cmd("b", "n1")])[0].reason
+    'slow. Not isolated: n1 was isolated for job a 0 s ago (cool-down per host, across jobs).'
+    """
+
+    def __init__(
+        self, max_per_hour: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_per_hour = max_per_hour
+        self.cooldown_s = cooldown_s
+        self.clock = clock
+        self._acted: deque[float] = deque()
+        self._hosts: dict[str, tuple[float, str]] = {}
+        """host -> (when, job) of its last isolating command."""
+        self.held = 0
+
+    def apply(self, cmds: list[IsolationCommand]) -> list[IsolationCommand]:
+        if not cmds:
+            return cmds
+        now = self.clock()
+        while self._acted and self._acted[0] < now - 3600.0:
+            self._acted.popleft()
+        for h in [h for h, (t, _) in self._hosts.items() if t < now - self.cooldown_s]:
+            del self._hosts[h]
+        out = []
+        for c in cmds:
+            if c.action == "alert_only":
+                out.append(c)
+                continue
+            prior = self._hosts.get(c.host)
+            why = ""
+            if prior is not None and prior[1] != c.job:
+                why = (
+                    f" Not isolated: {c.host} was isolated for job {prior[1][:64]} "
+                    f"{now - prior[0]:.0f} s ago (cool-down per host, across jobs)."
+                )
+            elif len(self._acted) >= self.max_per_hour:
+                why = (
+                    f" Not isolated: {len(self._acted)} isolating commands in the last hour "
+                    f"across all jobs (cap {self.max_per_hour}, [worker] max_isolations_per_hour)."
+                )
+            if why:
+                self.held += 1
+                log.warning("isolation of %s for job %s held:%s", c.host, c.job, why)
+                out.append(msgspec.structs.replace(c, action="alert_only", reason=c.reason + why))
+                continue
+            self._acted.append(now)
+            self._hosts[c.host] = (now, c.job)
+            out.append(c)
+        return out
 
 
 @dataclass
@@ -96,6 +167,7 @@ class CorrelatorRunner(StateRunner[int]):
         allowed_lateness_us: int = 10_000_000,
         forget_lane_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        host_rails: HostRails | None = None,
     ) -> None:
         super().__init__(
             lookup,
@@ -104,6 +176,8 @@ class CorrelatorRunner(StateRunner[int]):
             clock=clock,
         )
         self.engine = engine
+        self.host_rails = host_rails
+        """Cool-down per host and a cap across jobs (None: per job only)."""
         self.watermark_topic = watermark_topic
         self.forget_lane_s = forget_lane_s
         self.events_partitions = events_partitions
@@ -229,6 +303,17 @@ class CorrelatorRunner(StateRunner[int]):
     def _holds(self, m: _Mark, now: float) -> bool:
         return m.idle_since is None or now - m.idle_since < self.idle_s
 
+    def _lane_holds(self, lm: _Mark, m: _Mark, now: float) -> bool:
+        """A lane holds while its own mark or its partition's newest report says lag,
+        and for ``idle_s`` after both say none (a sender resends a lane whose clock
+        stands still only when its partition has no lag any more: the partition's lag
+        holds its lanes meanwhile)."""
+        if lm is m:
+            return self._holds(m, now)
+        if lm.idle_since is None or m.caught_since is None:
+            return True
+        return now - max(lm.idle_since, m.caught_since) < self.idle_s
+
     def watermark(self, now: float, q: int = 0, job: str | None = None) -> int | None:
         """Event time of ``job`` up to which every events partition's verdicts have
         reached verdicts partition ``q`` (None: nothing can be released yet). Without a
@@ -268,7 +353,7 @@ class CorrelatorRunner(StateRunner[int]):
                 if not m.reported or since is None or now - max(since, seen) < self.idle_s:
                     holding.append(-1)
                 continue
-            if self._holds(lm, now):
+            if self._lane_holds(lm, m, now):
                 holding.append(lm.clock_us)
         if holding:
             low = min(holding)
@@ -285,7 +370,10 @@ class CorrelatorRunner(StateRunner[int]):
         out: dict[str, Any] = {}
         for q, marks in self.marks.items():
             lanes = self.lanes.get(q, {})
-            jobs = sorted({j for _, j in lanes} | set(self.pending.get(q, {})))
+            by_job: dict[str, list[tuple[int, _Mark]]] = {}  # once: not all lanes per job
+            for (p, j), lm in sorted(lanes.items()):
+                by_job.setdefault(j, []).append((p, lm))
+            jobs = sorted(set(by_job) | set(self.pending.get(q, {})))
             out[str(q)] = {
                 "deferred": len(self.deferred.get(q, ())),
                 "partitions": {
@@ -302,14 +390,11 @@ class CorrelatorRunner(StateRunner[int]):
                         "held": len(self.pending.get(q, {}).get(job, ())),
                         "holding": sorted(
                             p
-                            for (p, j), lm in lanes.items()
-                            if j == job
-                            and now - marks[p].heard < self.max_hold_s
-                            and self._holds(lm, now)
+                            for p, lm in by_job.get(job, ())
+                            if now - marks[p].heard < self.max_hold_s
+                            and self._lane_holds(lm, marks[p], now)
                         ),
-                        "clocks": {
-                            str(p): lm.clock_us for (p, j), lm in sorted(lanes.items()) if j == job
-                        },
+                        "clocks": {str(p): lm.clock_us for p, lm in by_job.get(job, ())},
                     }
                     for job in jobs
                 },
@@ -395,7 +480,7 @@ class CorrelatorRunner(StateRunner[int]):
                     log.exception("host correlator %d failed to advance job %s", q, job)
                     continue
                 if found:
-                    out.commands.extend(found)
+                    out.commands.extend(self._railed(found))
                     self.schedule.touch(q, 1, now)
 
     def _observe(self, p: int, held: Held, out: Output, now: float) -> None:
@@ -403,7 +488,7 @@ class CorrelatorRunner(StateRunner[int]):
         cor = self._correlator(p)
         behind = end <= self._advanced_us.get((p, verdict.job), -1)
         try:
-            out.commands.extend(cor.observe(verdict))
+            out.commands.extend(self._railed(cor.observe(verdict)))
         except LateEvidence as err:
             self._late(verdict.job, "deadlettered", out)
             out.deadletters.append(dead_letter(rec, str(err)))
@@ -417,6 +502,9 @@ class CorrelatorRunner(StateRunner[int]):
         if behind:  # its job's watermark had passed it: judged late, within the lateness
             self._late(verdict.job, "judged", out)
         self.schedule.touch(p, 1, now)
+
+    def _railed(self, cmds: list[IsolationCommand]) -> list[IsolationCommand]:
+        return self.host_rails.apply(cmds) if self.host_rails is not None and cmds else cmds
 
     def _late(self, job: str, outcome: str, out: Output) -> None:
         counts = self.late_verdicts.setdefault(job, {})

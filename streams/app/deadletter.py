@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from c4base.deadletter import DeadLetter
-from c4base.signing import HOST_HEADER, SIG_HEADER
+from c4base.signing import FRESH_HEADER, HOST_HEADER, SIG_HEADER
 from producers.columnar import CONTENT_TYPE_HEADER
 
 __all__ = ["CLOCK_HEADER", "DeadLetterPublisher", "Record", "dead_letter", "refused_checkpoint"]
@@ -37,6 +37,9 @@ class Record:
     signer: bytes | None = None
     signature: bytes | None = None
     """Headers ``c4-host`` / ``c4-sig`` of a signed events message (streams.app.trust)."""
+    fresh: bytes | None = None
+    """Header ``c4-fresh`` of a signed events message: the host's sequence number and
+    time, inside the signature."""
 
     @property
     def source(self) -> str:
@@ -62,6 +65,7 @@ class Record:
             _header(headers, CONTENT_TYPE_HEADER),
             _header(headers, HOST_HEADER),
             _header(headers, SIG_HEADER),
+            _header(headers, FRESH_HEADER),
         )
 
 

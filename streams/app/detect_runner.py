@@ -16,9 +16,11 @@ is tested without a broker.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +28,7 @@ import msgspec
 import numpy as np
 
 from producers.columnar import ColumnBlock, EventColumns, decode_block, table_events
-from producers.events import Event, EventDecodeError, ProgressEvent
+from producers.events import Event, EventDecodeError, OpEvent, ProgressEvent
 from producers.guard import (
     MAX_DEPTH,
     MAX_FUTURE_SKEW_US,
@@ -81,6 +83,13 @@ class _Group:
         if top > self.top:
             self.top = top
 
+
+_EVICT_PER_TICK = 1000
+"""Communicators evicted per tick at most (each is checkpointed first: a tick's work
+stays bounded however many went idle at once)."""
+
+_DUPLICATE = EventDecodeError("an exact repeat of a message already accepted")
+"""What :meth:`CommRouter._decode` gives for a message dropped as a duplicate."""
 
 Slice = dict[str, _Group]
 """An open event-time slice of one lane, by communicator."""
@@ -164,9 +173,28 @@ class EdgeLimits:
     """How far behind its partition's clock an event may be."""
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_depth: int = MAX_DEPTH
-    contested_hold_us: int = 120_000_000
-    """How long (event time) a communicator's verdicts stay alert-only after two sources
-    contradicted each other about one of its ranks."""
+    contested_hold_s: float = 120.0
+    """How long (the worker's wall clock: a replayed message's old ``ts_us`` does not
+    shorten or lengthen it) a communicator's verdicts stay alert-only after two sources
+    contradicted each other about one of its ranks. The verdicts are still sent, as
+    alerts saying so; a hold delays isolation, it never hides the fault."""
+    exec_free_us: int = 625_000
+    """An op's ``exec_us`` at most this long is admitted unchecked: it cannot raise the
+    hang threshold above its floor (``hang_floor_us / hang_period_mult``). A longer one
+    must fit the physics: it cannot have lasted longer than since its rank's previous
+    op in the communicator completed (ops of one communicator run one after another)."""
+    dedup_messages: int = 131_072
+    """Digests of the most recent accepted messages kept: an exact repeat of one of them
+    is dropped (counted in ``duplicates``), never judged twice."""
+    isolate_uncorroborated: bool = False
+    """Whether a verdict of a communicator nobody corroborates may isolate (see
+    :meth:`CommRouter.uncorroborated`); off: alert only, with the reason."""
+    max_comms: int = 200_000
+    """Communicators held; beyond, idle lanes are evicted (checkpointed first)."""
+    max_lanes: int = 50_000
+    """(partition, job) lanes held; beyond, idle lanes are evicted likewise."""
+    evict_idle_s: float = 60.0
+    """Only lanes without a message for this long (wall) are evicted."""
 
 
 #: Envelope of a communicator's checkpoint: magic, version, the communicator's size
@@ -289,9 +317,13 @@ class CommRouter(StateRunner[str]):
         """Per lane, the events of its open event-time slice."""
         self._active: set[Lane] = set()
         """Lanes that got messages since the last tick()."""
-        self._last_active: dict[Lane, float] = {}
-        """Lane -> wall time of its last message (a lane quiet for ``forget_lane_s`` is
-        forgotten: a finished job's watermarks stop)."""
+        self._open: set[Lane] = set()
+        """Lanes that got messages since they were last closed by a tick (judged and
+        advanced): a tick's work is these, never every lane of the worker."""
+        self._last_active: OrderedDict[Lane, float] = OrderedDict()
+        """Lane -> wall time of its last message, least recent first (a lane quiet for
+        ``forget_lane_s`` is forgotten: a finished job's watermarks stop; beyond the
+        caps, the least recently active idle lanes are evicted)."""
         self.late_events: dict[str, int] = {}
         """Per job: events dead-lettered as late beyond the allowed lateness."""
         self.jobs: set[str] = set()
@@ -306,8 +338,16 @@ class CommRouter(StateRunner[str]):
         """Lane -> wall time (``clock``) of the last message accepted."""
         self._progress: ProgressState = {}
         self._ops: OpState = {}
-        self.contested: dict[str, tuple[int, str]] = {}
-        """Communicator -> (event time until which its verdicts are alert-only, why)."""
+        self.contested: dict[str, tuple[float, str]] = {}
+        """Communicator -> (wall time, ``clock``, until which its verdicts are
+        alert-only, why)."""
+        self._digests: OrderedDict[bytes, None] = OrderedDict()
+        """Digests of recently accepted messages (exact repeats are dropped)."""
+        self._corroborated: set[tuple[str, str]] = set()
+        """(job, host) pairs known to be in two communicators of the job (cached: this
+        only becomes true)."""
+        self.signers: dict[str, set[str]] = {}
+        """Communicator -> hosts whose signed messages reported for it (at most 2 kept)."""
         self.summaries = ExpandStats()
         """Summary records read (windows at the source) and how their totals were carried."""
 
@@ -362,7 +402,7 @@ class CommRouter(StateRunner[str]):
     def _drop(self, partitions: set[int] | None, keys: list[str]) -> None:
         for comm in keys:
             self.comms.pop(comm)
-            for per_comm in (self.sizes, self._progress, self._ops, self.contested):
+            for per_comm in (self.sizes, self._progress, self._ops, self.contested, self.signers):
                 per_comm.pop(comm, None)
         lanes = {
             lane
@@ -370,14 +410,19 @@ class CommRouter(StateRunner[str]):
             if partitions is None or lane[0] in partitions
         }
         for lane in lanes:
-            self.clock_us.pop(lane, None)
-            self._advanced_us.pop(lane, None)
-            self._slice_end.pop(lane, None)
+            self._forget_lane(lane)
             self.by_lane.pop(lane, None)
             self.pending.pop(lane, None)
             self._active.discard(lane)
-            self._last_active.pop(lane, None)
             self._accepted_at.pop(lane, None)
+
+    def _forget_lane(self, lane: Lane) -> None:
+        """Forget a lane's clock (its communicators stay: a new message starts it again)."""
+        self.clock_us.pop(lane, None)
+        self._advanced_us.pop(lane, None)
+        self._slice_end.pop(lane, None)
+        self._last_active.pop(lane, None)
+        self._open.discard(lane)
 
     # ---------------------------------------------------------------- batches
     def process(self, records: Sequence[Record], settle: Collection[int] = ()) -> Output:
@@ -403,15 +448,25 @@ class CommRouter(StateRunner[str]):
             objects = {ev.comm for x in items if isinstance(x, list) for ev in x}
             checks = Corroboration(block, self._progress, self._ops, objects)
             accepted = np.zeros(len(block), bool)
-        for rec, item in zip(records, items, strict=True):
+        for rec, item, digest in zip(records, items, self._digest_of(records), strict=True):
+            if digest in self._digests or item is _DUPLICATE:  # an exact repeat: drop it
+                st.duplicates += 1
+                continue
             if isinstance(item, EventDecodeError):
                 out.deadletters.append(dead_letter(rec, f"undecodable message: {item}"))
-            elif isinstance(item, str):
+                continue
+            if isinstance(item, str):
                 out.deadletters.append(dead_letter(rec, item))
-            elif isinstance(item, int):
-                accepted[item] = self._accept_rows(rec, block, item, facts, checks, out)  # type: ignore[arg-type]
-            elif item or not has_summaries(rec.value):  # summaries alone: nothing to judge
-                self._accept(rec, item, out)
+                continue
+            if isinstance(item, int):
+                ok = self._accept_rows(rec, block, item, facts, checks, out)  # type: ignore[arg-type]
+                accepted[item] = ok
+            elif item or not has_summaries(rec.value):
+                ok = self._accept(rec, item, out)  # type: ignore[arg-type]
+            else:  # summaries alone: nothing to judge, but remembered for exact repeats
+                ok = True
+            if ok:
+                self._remember(digest, rec)
         if block is not None:
             checks.commit(accepted)
         for lane in [lane for lane in self.clock_us if lane[0] in settle]:
@@ -425,6 +480,29 @@ class CommRouter(StateRunner[str]):
         st.process_s += time.thread_time() - t0
         return out
 
+    def _digest_of(self, records: Sequence[Record]) -> list[bytes]:
+        """Per message, the digest an exact repeat shares (headers included: a signed
+        message's sequence number makes each one distinct)."""
+        out = []
+        for rec in records:
+            h = hashlib.blake2b(rec.value, digest_size=16)
+            h.update(rec.fresh or b"")
+            out.append(h.digest())
+        return out
+
+    def _remember(self, digest: bytes, rec: Record) -> None:
+        self._digests[digest] = None
+        if len(self._digests) > self.limits.dedup_messages:
+            self._digests.popitem(last=False)
+
+    def _signed_for(self, rec: Record, comm: str) -> None:
+        """Note who signed a message accepted for ``comm`` (two signers corroborate)."""
+        if rec.signer is None or self.trust is None:
+            return
+        seen = self.signers.setdefault(comm, set())
+        if len(seen) < 2:
+            seen.add(rec.signer.decode("utf-8", "replace"))
+
     def _decode(
         self, records: Sequence[Record]
     ) -> tuple[list[list[Event] | EventDecodeError | int | str], ColumnBlock | None]:
@@ -436,6 +514,10 @@ class CommRouter(StateRunner[str]):
         another host than its signer after (a ``str``: the dead letter's reason)."""
         lim = self.limits
         sized = [len(rec.value) <= lim.max_message_bytes for rec in records]
+        # an exact repeat of an accepted message is dropped before its signature's
+        # freshness is checked (a producer's retry is not a replay to dead-letter)
+        dup = [d in self._digests for d in self._digest_of(records)]
+        sized = [ok and not d for ok, d in zip(sized, dup, strict=True)]
         unsigned = [
             signature_refusal(self.trust, rec) if ok else None
             for rec, ok in zip(records, sized, strict=True)
@@ -454,7 +536,9 @@ class CommRouter(StateRunner[str]):
         for i, (rec, ok, bad) in enumerate(zip(records, sized, unsigned, strict=True)):
             if summed[i]:  # windows at the source: judged as the events they expand to
                 items[i] = summary_events(rec, self.summaries)
-            if not ok:
+            if dup[i]:
+                items[i] = _DUPLICATE
+            elif not ok:
                 items[i] = EventDecodeError(
                     f"{len(rec.value)} bytes is over the limit of {lim.max_message_bytes}"
                 )
@@ -489,12 +573,14 @@ class CommRouter(StateRunner[str]):
                 self._check_op(ev.comm, ev.rank, ev.op, ev.seq, ev.exec_us, ev.ts_us)
         first = events[0].comm
         if all(ev.comm == first for ev in events):  # the usual case: one comm per message
+            self._signed_for(rec, first)
             self._take(rec, first, events[0].job, events, out)
         else:
             per_comm: dict[str, list[Event]] = {}
             for ev in events:
                 per_comm.setdefault(ev.comm, []).append(ev)
             for comm, evs in per_comm.items():
+                self._signed_for(rec, comm)
                 self._take(rec, comm, evs[0].job, evs, out)
         return True
 
@@ -529,6 +615,7 @@ class CommRouter(StateRunner[str]):
         self.sizes.setdefault(comm, facts.nr_first[k])
         if checks.any_exact[k]:
             self._check_rows(comm, block, np.flatnonzero(checks.exact[s:e]) + s)
+        self._signed_for(rec, comm)
         self._take(rec, comm, job, (block, s, e), out, e - s, facts.ts_max[k])
         return True
 
@@ -555,6 +642,8 @@ class CommRouter(StateRunner[str]):
         its rows' minimum and maximum decide."""
         lim = self.limits
         if not facts.contract_ok[k] or facts.nr_max[k] > lim.max_nranks:
+            return False
+        if facts.ex_max[k] > lim.exec_free_us:  # the physics of long ops: row by row
             return False
         size = self.sizes.get(comm) or self._restored_size(comm, p, job) or facts.nr_first[k]
         if facts.nr_min[k] != size or facts.nr_max[k] != size:
@@ -648,6 +737,10 @@ class CommRouter(StateRunner[str]):
             ts = ev.ts_us
             if ts > horizon:
                 return f"event {i}: ts_us {ts} is further ahead of the wall clock than the skew"
+            if isinstance(ev, OpEvent) and ev.exec_us > lim.exec_free_us:
+                why = self._exec_problem(ev, events[:i])
+                if why is not None:
+                    return f"event {i}: {why}"
             lane = (p, ev.job)
             clock = self.clock_us.get(lane)
             if clock is None:
@@ -664,6 +757,33 @@ class CommRouter(StateRunner[str]):
                     f"job's clock in this partition (allowed: {lim.max_past_skew_us / 1e6:.0f}s)"
                 )
         return None
+
+    def _exec_problem(self, ev: OpEvent, before: Sequence[Event]) -> str | None:
+        """Why op ``ev`` cannot have lasted ``exec_us`` (None: it can, or nothing is
+        known to tell): the ops of one communicator run one after another on a rank, so
+        an op cannot have run longer than since that rank's previous op completed
+        (its newest one judged, or one earlier in this message), by the rank's own clock.
+        Such values would move what the detectors learn as normal (ten ops claiming
+        ``exec_us = 1e15`` moved a learned hang threshold from 2.5 s to 640 s)."""
+        prev = -1
+        c = self.comms.get(ev.comm)
+        ranks = getattr(c.detector, "ranks", None) if c is not None else None
+        if ranks is not None and ev.rank < ranks.n:
+            prev = int(ranks.last_op_ts[ev.rank])
+        for e in before:
+            same = isinstance(e, OpEvent) and e.comm == ev.comm and e.rank == ev.rank
+            if same and e.ts_us < ev.ts_us:
+                prev = max(prev, e.ts_us)
+        if prev < 0 or prev >= ev.ts_us + INFLIGHT_SLACK_US:
+            return None
+        gap = ev.ts_us - prev
+        if ev.exec_us <= gap + INFLIGHT_SLACK_US:
+            return None
+        return (
+            f"exec_us {ev.exec_us:g} is longer than the {gap / 1e6:.3f} s since rank "
+            f"{ev.rank}'s previous op in communicator {ev.comm[:64]} completed (an op "
+            "cannot outlast the time since its predecessor)"
+        )
 
     def _check_counters(
         self, comm: str, rank: int, started: int, completed: int, ts: int, inflight: float | None
@@ -732,27 +852,62 @@ class CommRouter(StateRunner[str]):
             self._contest(comm, ts, why)
 
     def _contest(self, comm: str, ts_us: int, why: str) -> None:
+        """Hold ``comm``'s verdicts alert-only for ``contested_hold_s`` of the worker's
+        own clock from now (not from the event's ``ts_us``, which a replay makes old)."""
         if comm not in self.contested:
             log.warning("communicator %s contested: %s", comm, why)
-        self.contested[comm] = (ts_us + self.limits.contested_hold_us, why)
+        self.contested[comm] = (self.wall() + self.limits.contested_hold_s, why)
 
     def _uncontested(self, comm: str, verdicts: list[Verdict]) -> list[Verdict]:
-        """``verdicts`` of ``comm``, made alert-only while its evidence is contested."""
-        hold = self.contested.get(comm)
-        if hold is None or not verdicts:
+        """``verdicts`` of ``comm``, made alert-only while its evidence is contested, or
+        when nobody corroborates the communicator (:meth:`uncorroborated`)."""
+        if not verdicts:
             return verdicts
-        until, why = hold
+        hold = self.contested.get(comm)
+        if hold is not None and self.wall() > hold[0]:
+            hold = None  # expired: a hold delays a decision, never hides it for good
         out = []
         for v in verdicts:
-            if v.ts_us > until:
+            why = None
+            if hold is not None:
+                why = f"evidence contested ({hold[1]}); alert only."
+            elif not v.benign and not self.limits.isolate_uncorroborated:
+                lonely = self.uncorroborated(comm, v.job, v.host)
+                if lonely is not None:
+                    self.stats.uncorroborated += 1
+                    why = f"not corroborated ({lonely}); alert only."
+            if why is None:
                 out.append(v)
                 continue
-            out.append(
-                msgspec.structs.replace(
-                    v, benign=True, reason=f"evidence contested ({why}); alert only. {v.reason}"
-                )
-            )
+            if v.benign:  # a note stays a note; it says why too
+                out.append(msgspec.structs.replace(v, reason=f"{why} {v.reason}"))
+                continue
+            out.append(msgspec.structs.replace(v, benign=True, reason=f"{why} {v.reason}"))
         return out
+
+    def uncorroborated(self, comm: str, job: str, host: str) -> str | None:
+        """Why nobody corroborates ``comm`` as a source of evidence against ``host``, or
+        None. Corroborated: two hosts signed messages for it (signing on: each host
+        signs only for itself), or ``host`` is a member of another communicator of the
+        same job (its membership matches a job the worker has seen). A communicator
+        invented by a forger (two messages about four ranks nobody else reports for, in
+        a job of its own) is neither."""
+        if len(self.signers.get(comm, ())) >= 2 or (job, host) in self._corroborated:
+            return None
+        for (_, j), comms in self.by_lane.items():
+            if j != job:
+                continue
+            for other in comms:
+                c = self.comms.get(other)
+                ranks = getattr(c.detector, "ranks", None) if c is not None else None
+                if other != comm and ranks is not None and host in ranks._host_ix:
+                    self._corroborated.add((job, host))
+                    return None
+        signed = "" if self.trust is None else " and no second host signed for it"
+        return (
+            f"communicator {comm[:64]} is the only one of job {job[:64]} in which this "
+            f"worker saw {host}{signed}"
+        )
 
     def _restored_size(self, comm: str, p: int, job: str) -> int | None:
         """The size a communicator's checkpoint fixed (after a restart, before its
@@ -837,26 +992,74 @@ class CommRouter(StateRunner[str]):
         the previous tick (traffic stopped: judge it and advance, so a hang is still
         found), take time-due checkpoints."""
         t0 = time.thread_time()
-        quiet = set(self.clock_us) - self._active
         wall = self.wall()
+        last = self._last_active
         for lane in self._active:
-            self._last_active[lane] = wall
+            last[lane] = wall
+            last.move_to_end(lane)
+        self._open |= self._active
+        quiet = self._open - self._active  # the work: lanes that went quiet, not all
         self._active.clear()
+        self._open -= quiet
         out = Output()
         self._close_lanes(quiet, out)
-        for lane in [
-            x for x in quiet if wall - self._last_active.get(x, wall) > self.forget_lane_s
-        ]:
+        while last:  # least recent first: stops at the first lane still recent
+            lane, at = next(iter(last.items()))
+            if wall - at <= self.forget_lane_s:
+                break
             # Its communicators stay (with what they were judged up to); a new message
             # of the job starts the lane again.
-            self.clock_us.pop(lane, None)
-            self._advanced_us.pop(lane, None)
-            self._slice_end.pop(lane, None)
-            self._last_active.pop(lane, None)
+            self._forget_lane(lane)
+        self._evict(out, wall)
         self._due(out, wall)
         self._count(out)
         self.stats.process_s += time.thread_time() - t0
         return out
+
+    def _evict(self, out: Output, wall: float) -> None:
+        """Over ``max_comms`` communicators or ``max_lanes`` (partition, job) lanes:
+        checkpoint and forget the least recently active idle lanes (quiet for
+        ``evict_idle_s``), communicators and all; a communicator that speaks again is
+        restored from its checkpoint. Counted (``evicted``), logged."""
+        lim = self.limits
+        if len(self.comms) <= lim.max_comms and len(self.by_lane) <= lim.max_lanes:
+            return
+        gone: list[str] = []
+        lanes = 0
+        for lane, at in list(self._last_active.items()):
+            if len(self.comms) <= lim.max_comms and len(self.by_lane) <= lim.max_lanes:
+                break  # (evicted ones are gone from both already)
+            if wall - at < lim.evict_idle_s:
+                break  # the rest are more recent: active state is never evicted
+            if len(gone) >= _EVICT_PER_TICK:
+                break  # each is checkpointed first: the rest wait for the next tick
+            if lane in self._open or lane in self.pending:
+                continue
+            keys = sorted(self.by_lane.get(lane, ()))
+            out.checkpoints.extend(self._checkpoint(self.schedule.take_all(keys)))
+            for comm in keys:
+                self.schedule.forget(comm)
+            self._drop_lane(lane, keys)
+            gone += keys
+            lanes += 1
+        if gone:
+            self.stats.evicted += len(gone)
+            log.info("evicted %d idle communicators of %d lanes (caps: %d communicators, "
+                     "%d lanes); %d held", len(gone), lanes, lim.max_comms, lim.max_lanes,
+                     len(self.comms))  # fmt: skip
+        elif len(self.comms) > lim.max_comms:
+            log.warning("%d communicators, over the cap of %d, none idle for %.0f s",
+                        len(self.comms), lim.max_comms, lim.evict_idle_s)  # fmt: skip
+
+    def _drop_lane(self, lane: Lane, keys: list[str]) -> None:
+        for comm in keys:
+            self.comms.pop(comm, None)
+            for per_comm in (self.sizes, self._progress, self._ops, self.contested, self.signers):
+                per_comm.pop(comm, None)
+        self._forget_lane(lane)
+        self.by_lane.pop(lane, None)
+        self.pending.pop(lane, None)
+        self._accepted_at.pop(lane, None)
 
     def close_slices(self, partitions: set[int] | None = None) -> Output:
         """Judge the open slices of ``partitions`` (all by default) and advance them."""

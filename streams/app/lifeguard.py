@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -170,8 +171,15 @@ def exit_credentials_refused(why: str) -> None:
     os._exit(EXIT_CREDENTIALS_REFUSED)  # Faust's clean stop would wait for the broker
 
 
+_deadline: list[threading.Timer] = []
+"""The stop deadline once started (one per process)."""
+
+
 def stop_deadline(grace_s: float, on_timeout: Callable[[], None] | None = None) -> threading.Timer:
-    """Start a timer that ends the process if a requested stop takes over ``grace_s``."""
+    """Start a timer that ends the process if a requested stop takes over ``grace_s``
+    (once: a second call returns the running timer)."""
+    if _deadline:
+        return _deadline[0]
 
     def expire() -> None:
         if on_timeout is not None:
@@ -183,7 +191,24 @@ def stop_deadline(grace_s: float, on_timeout: Callable[[], None] | None = None) 
     t = threading.Timer(grace_s, expire)
     t.daemon = True
     t.start()
+    _deadline.append(t)
     return t
+
+
+def arm_on_signal(
+    signums: Iterable[int], grace_s: float, on_timeout: Callable[[], None] | None = None
+) -> None:
+    """Start :func:`stop_deadline` the moment one of ``signums`` arrives, even while the
+    event loop is busy in a long step: the Python-level handler runs between bytecodes
+    of the main thread, whereas the loop's own handler (``add_signal_handler``, which
+    keeps working through its wakeup fd) only runs once the step ends. Call after the
+    loop's handlers are installed."""
+
+    def handler(signum: int, frame: object) -> None:
+        stop_deadline(grace_s, on_timeout)
+
+    for s in signums:
+        signal.signal(s, handler)
 
 
 class RepeatFilter(logging.Filter):

@@ -64,6 +64,13 @@ class RouterStats:
     commands: int = 0
     deadletters: int = 0
     detector_errors: int = 0
+    duplicates: int = 0
+    """Messages dropped as exact repeats of one already accepted (a producer retry, a
+    re-send): counted, never judged twice, never read as a counter going back."""
+    uncorroborated: int = 0
+    """Verdicts made alert-only because nobody corroborates their communicator."""
+    evicted: int = 0
+    """Idle communicators forgotten (checkpointed first) to keep under the caps."""
     checkpoints: int = 0
     restored: int = 0
     """Detectors (or correlators) restored from a table checkpoint."""

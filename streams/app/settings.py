@@ -143,6 +143,40 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     actuator's ``require_signed_commands``), all verify events (a rotation lists the new
     key first, then the old one). Empty: commands unsigned, events not verifiable."""
 
+    require_fresh_events: bool = True
+    """With ``require_signed_events``: a signed message must carry header ``c4-fresh``
+    (the host's sequence number and time, inside the signature); false only while
+    exporters older than it still run. A replayed one (its seq already accepted) or a
+    stale one is dead-lettered before corroboration."""
+    replay_window_s: PosFloat = 120.0
+    """A signed message stamped this much earlier than its host's newest is stale
+    (dead-lettered): the window within which sequence numbers are remembered. Messages
+    of one host reach the worker through several partitions, out of order by at most
+    the partitions' skew."""
+    dedup_messages: Pos = 131_072
+    """Digests of this many recently accepted messages are kept: an exact repeat (a
+    producer retry, a re-send) is dropped and counted, never judged twice."""
+    isolate_uncorroborated: bool = False
+    """A verdict of a communicator nobody corroborates (no second host signed for it,
+    and the accused host is in no other communicator of its job seen by this worker)
+    is alert-only unless this is true."""
+    contested_hold_s: PosFloat = 120.0
+    """Worker wall time a contested communicator's verdicts stay alert-only (its faults
+    are still sent as alerts that say so)."""
+    max_isolations_per_hour: Pos = 8
+    """Isolating commands per rolling hour of the worker's clock across all jobs (a job
+    id is free to invent: the per-job cap alone gave 11 cordons to 22 forged messages);
+    beyond it, alert only. A host isolated for one job is not isolated again for another
+    within the policy's cool-down either."""
+    max_comms: Pos = 200_000
+    """Communicators held by one worker; beyond it, the least recently active idle lanes
+    (partition, job) are checkpointed and forgotten, communicators and all (restored
+    from their checkpoints if they speak again); counted as ``evicted``."""
+    max_lanes: Pos = 50_000
+    """(events partition, job) lanes held by one worker; beyond it, likewise."""
+    evict_idle_s: PosFloat = 60.0
+    """Only lanes quiet for this long (wall) are evicted: active state never is."""
+
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     """``[worker.detect]``: thresholds and windows of the detection core."""
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)

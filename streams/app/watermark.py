@@ -12,6 +12,7 @@ of its events partitions has been judged (:class:`WatermarkSender`), and agent
 from __future__ import annotations
 
 import zlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
@@ -92,6 +93,9 @@ class Offsets(Protocol):
     def committed(self, topic: str, partition: int) -> int | None: ...
 
 
+REFRESH = 256
+"""Unchanged lanes whose mark is sent again per heartbeat, least recently sent first."""
+
 Send = Callable[[int, bytes, bytes], Awaitable[Any]]
 """(verdicts partition, key, value) -> sent: puts one watermark on the topic."""
 
@@ -110,8 +114,9 @@ class WatermarkSender:
         self.verdicts_partitions = verdicts_partitions
         self.consumer = consumer
         self.send = send
-        self.marks_sent: dict[tuple[int, str | None, int], Watermark] = {}
-        """(events partition, job, verdicts partition) -> last watermark sent."""
+        self.marks_sent: OrderedDict[tuple[int, str | None, int], Watermark] = OrderedDict()
+        """(events partition, job, verdicts partition) -> last watermark sent, least
+        recently sent first."""
         self.judged: dict[int, int] = {}
         """events partition -> next offset agent ``detect`` has not judged yet."""
         self.verdicts_sent: dict[int, int] = {}
@@ -147,39 +152,52 @@ class WatermarkSender:
         self, partitions: Iterable[int], clocks: dict[tuple[int, str], int], heartbeat: bool
     ) -> None:
         """Tell every correlator how far each job in each events partition of this worker
-        has been judged (``clocks``: (partition, job) -> clock; changes only, all on
-        ``heartbeat``), a job's clock only to the verdicts partition of the job. A
-        partition with no job yet reports itself, at clock -1. Call after the verdicts
-        are sent."""
+        has been judged (``clocks``: (partition, job) -> clock): the lanes whose clock or
+        lag changed, a job's clock only to the verdicts partition of the job. On
+        ``heartbeat`` also a mark of each partition as a whole (clock -1:
+        it moves no clock, it says the partition is alive and whether it has lag) and the
+        :data:`REFRESH` least recently sent lanes again: a tick's sends do not grow with
+        the number of idle lanes (one per lane per tick was 20,000 marks a second at
+        20,000 jobs). Call after the verdicts are sent."""
         lanes: dict[int, list[tuple[str | None, int]]] = {p: [] for p in partitions}
-        for (p, job), clock in sorted(clocks.items()):
+        for (p, job), clock in clocks.items():
             lanes.setdefault(p, []).append((job, clock))
+        idle = {p: self.caught_up(p) for p in lanes}
         for p, jobs in sorted(lanes.items()):
-            idle = self.caught_up(p)
-            for job, clock in jobs or [(None, -1)]:
-                for q in self._targets(job):
-                    wm = Watermark(
-                        partition=p,
-                        clock_us=clock,
-                        caught_up=idle,
-                        verdicts_offset=self.verdicts_sent.get(q, -1),
-                        job=job,
-                    )
+            # the partition as a whole first: its lag holds every job of it (the
+            # correlator reads it), so a lane whose clock stands still is not sent again
+            # when the partition gets lag, only when it has none any more
+            for q in range(self.verdicts_partitions):
+                old = self.marks_sent.get((p, None, q))
+                if heartbeat or not jobs or old is None or old.caught_up != idle[p]:
+                    await self._send(p, None, q, -1, idle[p])
+            for job, clock in jobs:
+                for q in self._targets(job):  # the correlator that judges the job
                     old = self.marks_sent.get((p, job, q))
-                    if not heartbeat and old is not None and old.clock_us == clock:
-                        if old.caught_up == idle:
-                            continue
-                    await self.send(q, str(p).encode(), encode_watermark(wm))
-                    self.marks_sent[(p, job, q)] = wm
-            if heartbeat and jobs and self.verdicts_partitions > 1:
-                # the correlators none of p's jobs maps to hear p as a whole (clock -1:
-                # it holds them only while p has lag, its backlog may hold any job)
-                for q in set(range(self.verdicts_partitions)) - {
-                    job_partition(j, self.verdicts_partitions) for j, _ in jobs
-                }:
-                    wm = Watermark(partition=p, clock_us=-1, caught_up=idle,
-                                   verdicts_offset=self.verdicts_sent.get(q, -1))  # fmt: skip
-                    await self.send(q, str(p).encode(), encode_watermark(wm))
+                    if old is not None and old.clock_us == clock and (old.caught_up or not idle[p]):
+                        continue
+                    await self._send(p, job, q, clock, idle[p])
+        if not heartbeat:
+            return
+        stale = []
+        for key in self.marks_sent:
+            if len(stale) >= REFRESH:
+                break
+            if key[1] is not None:
+                stale.append(key)
+        for p, job, q in stale:
+            clock = clocks.get((p, job))  # type: ignore[arg-type]
+            if clock is None or p not in idle:  # forgotten lane, or a partition gone
+                del self.marks_sent[(p, job, q)]
+                continue
+            await self._send(p, job, q, clock, idle[p])
+
+    async def _send(self, p: int, job: str | None, q: int, clock: int, idle: bool) -> None:
+        wm = Watermark(partition=p, clock_us=clock, caught_up=idle,
+                       verdicts_offset=self.verdicts_sent.get(q, -1), job=job)  # fmt: skip
+        await self.send(q, str(p).encode(), encode_watermark(wm))
+        self.marks_sent[(p, job, q)] = wm
+        self.marks_sent.move_to_end((p, job, q))
 
     def _targets(self, job: str | None) -> range | tuple[int]:
         """The verdicts partitions a mark goes to: a job's to the one correlator that

@@ -138,6 +138,13 @@ def quantile_from_state(p: float, data: bytes | None) -> rstats.Quantile:
 _P2_BYTES = 8 + 4 * 5 * 8 + 2
 
 
+CLIP_X = 8.0
+"""Learned normals take a sample at most this many times their current p90 (op time)
+or median (period) as it is; beyond, as that much (winsorized)."""
+CLIP_AFTER = 32
+"""...once this many samples were learned (before, nothing is known to clip against)."""
+
+
 class NormalModel:
     """What is normal for one communicator, learned online (river, O(1) state).
 
@@ -177,16 +184,29 @@ class NormalModel:
         return m
 
     def learn_op(self, exec_us: float) -> None:
+        exec_us = min(exec_us, self._op_clip())
         self._op50.update(exec_us)
         self._op90.update(exec_us)
         self.n_ops += 1
 
+    def _op_clip(self) -> float:
+        """Largest op time learned as it is: beyond :data:`CLIP_X` times the current p90
+        (once :data:`CLIP_AFTER` samples are in) a value counts as that much. The
+        quantile sketches (P²) follow a huge sample's height: ten ops claiming
+        ``exec_us = 1e15`` among thousands moved p90 from 22 ms to 1,087 s and hid a
+        hang; clipped, they move it by 1%, and a real change of regime is still
+        followed (the clip rises with p90)."""
+        if self.n_ops < CLIP_AFTER:
+            return float("inf")
+        return CLIP_X * max(self.op_p90(), 1.0)
+
     def learn_ops(self, exec_us: np.ndarray, max_samples: int = 8) -> None:
-        """Learn from a batch, thinned to ``max_samples`` evenly spaced values (cost bound)."""
+        """Learn from a batch, thinned to ``max_samples`` evenly spaced values (cost bound),
+        each clipped (:meth:`_op_clip`)."""
         if exec_us.size == 0:
             return
         step = max(1, exec_us.size // max_samples)
-        xs = exec_us[::step].tolist()
+        xs = np.minimum(exec_us[::step], self._op_clip()).tolist()
         u50, u90 = self._op50.update, self._op90.update  # bound once: this runs per batch
         for x in xs:
             u50(x)
@@ -197,7 +217,8 @@ class NormalModel:
         if periods_us.size == 0:
             return
         step = max(1, periods_us.size // max_samples)
-        xs = periods_us[::step].tolist()
+        clip = CLIP_X * max(self.period(), 1.0) if self.n_periods >= CLIP_AFTER else np.inf
+        xs = np.minimum(periods_us[::step], clip).tolist()  # as ops: outliers cannot lead
         update = self._period.update
         for x in xs:
             update(x)

@@ -198,9 +198,11 @@ def hb(rank: int, started: int, ts: int) -> ProgressEvent:
 
 
 def test_two_sources_for_one_rank_make_the_communicators_verdicts_alert_only() -> None:
+    # (one communicator in its job: isolating it needs isolate_uncorroborated)
     r = CommRouter(_AccuserEngine(), lambda k: None, checkpoint_every_events=10**9,
                    checkpoint_every_s=1e9, advance_every_us=250_000,
-                   epoch=lambda: T0 / 1e6 + 60)  # fmt: skip
+                   epoch=lambda: T0 / 1e6 + 60,
+                   limits=EdgeLimits(isolate_uncorroborated=True))  # fmt: skip
     rec = lambda i, evs: Record("ev", 0, i, b"k", encode_message(evs))  # noqa: E731
     out = r.process([rec(0, [hb(1, 10, T0)])], settle=[0])
     assert [v.benign for v in out.verdicts] == [False]  # one source: the detector decides

@@ -18,6 +18,7 @@ import pytest
 
 from c4base.kafka import KafkaConfig
 from c4base.signing import (
+    Sequencer,
     command_bytes,
     commands_key,
     generate_key_file,
@@ -214,12 +215,15 @@ def sign_per_host(batches: list[list[Event]], master: bytes, forged: set[int]):
     whose index is in ``forged`` go out alternately unsigned and signed by node-003's own
     key (a compromised host: it may speak for itself, not for its peers)."""
     msgs: list[tuple[bytes | None, bytes, list[tuple[str, bytes]] | None]] = []
+    seq = Sequencer()  # (one counter for all hosts: each host's numbers still grow)
     for i, b in enumerate(batches):
         if i in forged:
             value = encode_message(b)
             own = sum(1 for j in forged if j < i) % 2
             hs = (
-                signed_event_headers(host_key(master, "node-003"), "node-003", value)
+                signed_event_headers(
+                    host_key(master, "node-003"), "node-003", value, fresh=seq.next()
+                )  # fmt: skip
                 if own
                 else None
             )
@@ -230,7 +234,7 @@ def sign_per_host(batches: list[list[Event]], master: bytes, forged: set[int]):
             by_host.setdefault(e.host, []).append(e)
         for host, evs in by_host.items():
             value = encode_message(evs)
-            hs = signed_event_headers(host_key(master, host), host, value)
+            hs = signed_event_headers(host_key(master, host), host, value, fresh=seq.next())
             msgs.append((b[0].comm.encode(), value, hs))
     return msgs
 

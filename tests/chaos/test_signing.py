@@ -58,7 +58,7 @@ def signed(events: list[OpEvent], host: str, *, key: bytes | None = None, fmt: s
 def rec(value: bytes, headers: list[tuple[str, bytes]] | None, offset: int = 0) -> Record:
     h = dict(headers or [])
     return Record("ev", 0, offset, b"0xa", value, None, h.get("content-type"),
-                  h.get(HOST_HEADER), h.get(SIG_HEADER))  # fmt: skip
+                  h.get(HOST_HEADER), h.get(SIG_HEADER), h.get("c4-fresh"))  # fmt: skip
 
 
 def router(masters: list[bytes] | None = None) -> CommRouter:
@@ -265,4 +265,23 @@ def test_config_check_names_what_is_wrong_with_signing(tmp_path: Path) -> None:
     (warning,) = config_warnings(text=ok, env={})
     assert "the worker signs no command" in warning.message
     ok += f'[worker]\nmaster_key_files = ["{key}"]\n'
+    (warning,) = config_warnings(text=ok, env={})  # events unsigned: said loudly
+    assert warning.message.startswith("SIGNING IS OFF: [worker] require_signed_events")
+    ok += "require_signed_events = true\n"
     assert config_warnings(text=ok, env={}) == []
+
+
+def test_the_production_example_signs_everything(tmp_path: Path) -> None:
+    """docs/examples/production.toml checks clean once its key files exist, with no
+    SIGNING IS OFF line."""
+    text = (Path(__file__).resolve().parents[2] / "docs/examples/production.toml").read_text()
+    master = load_key(generate_key_file(tmp_path / "master.key"))
+    write_key_file(tmp_path / "exporter.key", host_key(master, "node-001"))
+    write_key_file(tmp_path / "commands.key", commands_key(master))
+    text = text.replace("/etc/c4stream/", f"{tmp_path}/")
+    (tmp_path / "master.key").chmod(0o600)
+    bad = {r.section: r.message for r in check_config(text=text, env={}) if not r.ok}
+    assert bad == {}
+    warnings = [w.message for w in config_warnings(text=text, env={})]
+    assert not any("SIGNING IS OFF" in w for w in warnings), warnings
+    assert "require_signed_events = true" in text and "require_signed_commands = true" in text

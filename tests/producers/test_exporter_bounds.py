@@ -22,6 +22,7 @@ from c4base.signing import (
     header,
     host_key,
     load_key,
+    parse_fresh,
     verify,
     write_key_file,
 )
@@ -93,7 +94,10 @@ def test_bad_records_are_refused_and_the_rest_is_signed(
     assert [e.seq for e in decode_message(msg.value())] == [1, 9, 10]
     hs = msg.headers()
     assert header(hs, HOST_HEADER) == b"node-001"
-    assert verify([key], event_bytes(msg.value(), "node-001", None), header(hs, SIG_HEADER))
+    fresh = header(hs, "c4-fresh")  # the exporter's sequence number and time, signed too
+    assert fresh is not None and parse_fresh(fresh) is not None
+    signed = event_bytes(msg.value(), "node-001", None, fresh)
+    assert verify([key], signed, header(hs, SIG_HEADER))
     dls = [DeadLetter.decode(m.value()) for m in consume(kafka_bootstrap, topics["deadletter"], 7)]
     assert len(dls) == 7
     for dl, (raw, why) in zip(dls, bad.values(), strict=True):

@@ -69,7 +69,8 @@ MESSAGES: list[tuple[float, int, list[Event]]] = [
     (0, 0, [hb(1, T0 + 4 * S, 13), hb(2, T0 + 4 * S, 11)]),
     (0, 0, [hb(1, T0 + 5 * S, 11)]),  # rank 1's heartbeat goes back: two sources
     (1, 0, [op(2, T0 + 6 * S, seq=4_006_500, exec_us=5.0)]),
-    (1, 0, [op(2, T0 + 6 * S, seq=4_006_500, exec_us=5.0)]),  # resent: no contradiction
+    # re-encoded (not byte for byte: an exact repeat is dropped before): no contradiction
+    (1, 0, [op(2, T0 + 6 * S, seq=4_006_500, exec_us=5.0, algo="ring")]),
     (1, 0, [op(2, T0 + 6 * S, seq=4_006_500, exec_us=900.0, comm="0xb")]),
     (1, 0, [op(2, T0 + 6 * S, seq=4_006_500, exec_us=700.0, comm="0xb")]),  # other duration
     (1, 0, [op(3, T0 + 7 * S, seq=4_007_600, **K), op(2, T0 + 7 * S, seq=4_007_400, **K)]),

@@ -1,0 +1,120 @@
+"""High cardinality (issue 25): many communicators over many jobs through the worker's
+router and watermark sender, broker-free. Prints intake (messages/s), the slowest tick,
+the watermarks a tick sends, communicators held and evicted, and the peak RSS.
+
+    nice -n 5 .venv/bin/python -m bench.bench_cardinality --comms 120000 --jobs 20000
+
+Targets: intake at least the feed (2,000 messages/s), a tick under 1 s whatever the
+number of idle lanes, peak RSS under the bound (``--rss-mb``, default 1,200 MB at
+the default cap of 200,000 communicators; with ``--max-comms`` lower, lower). A missed
+target prints MISSED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import time
+
+from producers.events import OpEvent, encode_message
+from streams.app.deadletter import Record
+from streams.app.detect_runner import CommRouter, EdgeLimits
+from streams.app.engine import CoreEngine
+from streams.app.watermark import WatermarkSender
+
+T0 = 1_750_000_000_000_000
+
+
+class _Offsets:
+    def highwater(self, topic: str, partition: int) -> int | None:
+        return 0
+
+    def committed(self, topic: str, partition: int) -> int | None:
+        return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--comms", type=int, default=12_000)
+    ap.add_argument("--jobs", type=int, default=2_000)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--max-comms", type=int, default=200_000)
+    ap.add_argument("--evict-idle-s", type=float, default=60.0)
+    ap.add_argument("--feed", type=float, default=2000.0, help="messages/s to keep up with")
+    ap.add_argument("--rss-mb", type=float, default=1200.0)
+    ap.add_argument("--batch", type=int, default=1000)
+    a = ap.parse_args()
+
+    wall = [0.0]
+    r = CommRouter(CoreEngine(), lambda key: None, checkpoint_every_events=10**9,
+                   checkpoint_every_s=1e9, advance_every_us=250_000, clock=lambda: wall[0],
+                   epoch=lambda: T0 / 1e6 + 60,
+                   limits=EdgeLimits(max_comms=a.max_comms,
+                                     evict_idle_s=a.evict_idle_s))  # fmt: skip
+    sent = [0]
+
+    async def send(q: int, key: bytes, value: bytes) -> None:
+        sent[0] += 1
+
+    marks = WatermarkSender("ev", 1, _Offsets(), send)
+    loop = asyncio.new_event_loop()
+    n_msgs = 0
+    busy = 0.0
+    worst_tick = 0.0
+    tick_marks = 0
+    per_comm = a.comms // a.jobs
+    batch: list[Record] = []
+    # every communicator sends one message (4 ranks, one op each) in turn, as a flood of
+    # new ids does; the wall clock runs at the feed rate
+    for c in range(a.comms):
+        job = f"job-{c // per_comm}"
+        ts = T0 + c * 1000
+        evs = [OpEvent(v=1, job=job, comm=f"0x{c:x}", nranks=4, rank=k, host=f"node-{k}",
+                       ts_us=ts, op="AllReduce", seq=1, bytes=8, exec_us=10.0)
+               for k in range(4)]  # fmt: skip
+        batch.append(Record("ev", c % a.partitions, c, None, encode_message(evs)))
+        if len(batch) == a.batch or c == a.comms - 1:
+            t = time.perf_counter()
+            r.process(batch, settle=set(range(a.partitions)))
+            loop.run_until_complete(marks.send_all(range(a.partitions), r.clock_us, False))
+            busy += time.perf_counter() - t
+            n_msgs += len(batch)
+            wall[0] = n_msgs / a.feed
+            batch = []
+            t = time.perf_counter()
+            sent[0] = 0
+            r.tick()
+            loop.run_until_complete(marks.send_all(range(a.partitions), r.clock_us, True))
+            dt = time.perf_counter() - t
+            busy += dt
+            worst_tick, tick_marks = max(worst_tick, dt), max(tick_marks, sent[0])
+    # then all idle: ticks with nothing new (the cost of idle lanes), after the eviction age
+    wall[0] += a.evict_idle_s + 1
+    for _ in range(3):
+        t = time.perf_counter()
+        sent[0] = 0
+        r.tick()
+        loop.run_until_complete(marks.send_all(range(a.partitions), r.clock_us, True))
+        dt = time.perf_counter() - t
+        worst_tick, tick_marks = max(worst_tick, dt), max(tick_marks, sent[0])
+        wall[0] += 1.0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    intake = n_msgs / busy
+    rows = [
+        ("messages", f"{n_msgs}", ""),
+        ("intake, messages/s", f"{intake:,.0f}", "" if intake >= a.feed else "MISSED"),
+        ("slowest tick (router + watermarks), s", f"{worst_tick:.3f}",
+         "" if worst_tick < 1.0 else "MISSED"),
+        ("watermarks sent in one tick, most", f"{tick_marks}", ""),
+        ("communicators held / evicted", f"{len(r.comms)} / {r.stats.evicted}", ""),
+        ("peak RSS, MB", f"{rss:,.0f}", "" if rss <= a.rss_mb else "MISSED"),
+    ]  # fmt: skip
+    print(f"| {a.comms} communicators over {a.jobs} jobs, {a.partitions} partitions, "
+          f"cap {a.max_comms} | value | target |\n|---|---:|---|")  # fmt: skip
+    for name, v, miss in rows:
+        print(f"| {name} | {v} | {miss} |")
+
+
+if __name__ == "__main__":
+    main()
