@@ -26,6 +26,7 @@ isolations and latency in seconds, detector windows and steps.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
 import shlex
@@ -397,8 +398,10 @@ InputMaker = Callable[[ShapeScenario, Path], Path]
 INPUTS: dict[str, InputMaker] = {"raw": lambda sc, trace: trace}
 
 
+@functools.cache
 def _simulator_digest() -> str:
-    """Digest of the simulator's source: a cached trace is stale once it changes."""
+    """Digest of the simulator's source: a cached trace is stale once it changes (read
+    once per process, before the pool forks, so it names the code that runs)."""
     import hashlib
 
     import producers.simulator as simpkg
@@ -598,6 +601,7 @@ def run_pipeline_suite(
     """Every pipeline run on every input kind (biggest first over ``jobs`` processes)."""
     work = sorted(scenarios, key=lambda s: -s.cost)
     args = [(s, cache, tuple(inputs)) for s in work]
+    _simulator_digest()
     runs: list[ShapeRun] = []
     if jobs == 1:
         it = map(_shape_one, args)
