@@ -520,6 +520,7 @@ SHAPE_HEADER = (
     "found",
     "GPU/NIC/link",
     "missed",
+    "wrong class",
     "false isol.",
     "latency p50",
     "latency max",
@@ -549,6 +550,7 @@ def shape_rows(runs: Sequence[ShapeRun]) -> list[list[str]]:
                 _frac(found, len(fs)),
                 _frac(comp, comp_of),
                 "—" if not fs else ("MISSED " + str(len(fs) - found) if found < len(fs) else "0"),
+                "—" if not fs else str(sum(f.wrong_class for f in fs)),
                 str(sum(r.false_isolations for r in rs)),
                 _latency(statistics.median(lat) if lat else None, win, step),
                 _latency(max(lat) if lat else None, win, step),
@@ -577,7 +579,7 @@ def shape_summary(runs: Sequence[ShapeRun]) -> list[list[str]]:
                 "whole pipeline suite", inp, str(len(rs)), "—", _frac(found, len(fs)),
                 _frac(sum(f.component is True for f in fs), sum(f.component is not None
                                                             for f in fs)),
-                str(len(fs) - found),
+                str(len(fs) - found), str(sum(f.wrong_class for f in fs)),
                 f"{sum(r.false_isolations for r in rs)} ({benign_false} on benign)", "—", "—",
             ]
         )  # fmt: skip
