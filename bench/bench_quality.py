@@ -26,6 +26,7 @@ isolations and latency in seconds, detector windows and steps.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
 import shlex
@@ -411,8 +412,10 @@ def _summarised(sc: ShapeScenario, trace: Path) -> Path:
 INPUTS: dict[str, InputMaker] = {"raw": lambda sc, trace: trace, "summarised": _summarised}
 
 
+@functools.cache
 def _simulator_digest() -> str:
-    """Digest of the simulator's source: a cached trace is stale once it changes."""
+    """Digest of the simulator's source: a cached trace is stale once it changes (read
+    once per process, before the pool forks, so it names the code that runs)."""
     import hashlib
 
     import producers.simulator as simpkg
@@ -531,6 +534,7 @@ SHAPE_HEADER = (
     "found",
     "GPU/NIC/link",
     "missed",
+    "wrong class",
     "false isol.",
     "latency p50",
     "latency max",
@@ -560,6 +564,7 @@ def shape_rows(runs: Sequence[ShapeRun]) -> list[list[str]]:
                 _frac(found, len(fs)),
                 _frac(comp, comp_of),
                 "—" if not fs else ("MISSED " + str(len(fs) - found) if found < len(fs) else "0"),
+                "—" if not fs else str(sum(f.wrong_class for f in fs)),
                 str(sum(r.false_isolations for r in rs)),
                 _latency(statistics.median(lat) if lat else None, win, step),
                 _latency(max(lat) if lat else None, win, step),
@@ -588,7 +593,7 @@ def shape_summary(runs: Sequence[ShapeRun]) -> list[list[str]]:
                 "whole pipeline suite", inp, str(len(rs)), "—", _frac(found, len(fs)),
                 _frac(sum(f.component is True for f in fs), sum(f.component is not None
                                                             for f in fs)),
-                str(len(fs) - found),
+                str(len(fs) - found), str(sum(f.wrong_class for f in fs)),
                 f"{sum(r.false_isolations for r in rs)} ({benign_false} on benign)", "—", "—",
             ]
         )  # fmt: skip
@@ -612,6 +617,7 @@ def run_pipeline_suite(
     """Every pipeline run on every input kind (biggest first over ``jobs`` processes)."""
     work = sorted(scenarios, key=lambda s: -s.cost)
     args = [(s, cache, tuple(inputs)) for s in work]
+    _simulator_digest()
     runs: list[ShapeRun] = []
     if jobs == 1:
         it = map(_shape_one, args)

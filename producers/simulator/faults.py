@@ -65,6 +65,7 @@ class Injection:
     speed: np.ndarray | None = None  # (ranks,) static compute multiplier (gpu_spread)
     stage_factor: np.ndarray | None = None  # (stages,) stage_heavy compute multiplier
     nic_ramp_s: list[float] = field(default_factory=list)  # per slow_nics entry
+    checkpoints: list[list] = field(default_factory=list)  # pipelined: [start, span, done]
     seed: int = 0
     blips: list[list] = field(default_factory=list)  # [rank, start, severity, applied]
     slow_nics: list[tuple[int, int, float, float, float]] = field(default_factory=list)
@@ -124,7 +125,10 @@ class Injection:
                 inj.down_start[f.host], inj.down_end[f.host] = start, end
         pauses = []
         for b in cfg.benign:
-            if b.kind == "checkpoint":
+            if b.kind == "checkpoint" and cfg.pipelined:
+                # saved between steps, after a barrier (see PipelineEngine.step)
+                inj.checkpoints.append([b.start_s, b.duration_s, False])
+            elif b.kind == "checkpoint":
                 pauses.append((b.start_s, b.start_s + b.duration_s))
             elif b.kind == "congestion":
                 inj.congestion.append((b.start_s, b.start_s + b.duration_s, b.severity))

@@ -75,6 +75,7 @@ class PipelineEngine:
         self.bucket_of = [ell * nb // max(self.layers, 1) for ell in range(max(self.layers, 1))]
         self.dp_bucket_bytes = cfg.dp_bytes
         self.lat = cfg.op_latency_us * 1e-6
+        self._blip: np.ndarray | None = None
         # compute of one forward of one chunk of one microbatch, per stage
         sf = self.inj.stage_factor
         self.fwd_s = [
@@ -102,6 +103,8 @@ class PipelineEngine:
         factor = self.inj.compute_factor_of(ranks, tt)
         if factor is not None:
             span *= factor
+        if self._blip is not None:
+            span *= self._blip[ranks]
         with np.errstate(invalid="ignore"):
             t[ranks] = self._arrive(ranks, self.inj.pauses.finish(tt, span))
 
@@ -323,6 +326,8 @@ class PipelineEngine:
         always progresses; a stuck one is a bug in the schedule and raises.
         """
         P, v = self.P, self.v
+        self._checkpoint()
+        self._blip = self.inj.iteration_blips(self.sim.t)  # a benign one-step slow-down
         ptr = [0] * P
         sent: dict[Transfer, np.ndarray] = {}
         waiting: set[Transfer] = set()
@@ -362,6 +367,21 @@ class PipelineEngine:
                     finished[s] = True
         if not all(finished):
             raise RuntimeError(f"pipeline schedule stuck at steps {ptr}")
+
+    def _checkpoint(self) -> None:
+        """A checkpoint due by now is saved at this step boundary: every rank waits
+        at a barrier for the last one to finish its step, then all write for the
+        checkpoint's span and resume together. No collective is in flight meanwhile:
+        every transfer of the last step has ended."""
+        t = self.sim.t
+        finite = t[np.isfinite(t)]
+        if not finite.size:
+            return
+        for ck in self.inj.checkpoints:
+            start, span, done = ck
+            if not done and float(finite.max()) >= start:
+                ck[2] = True
+                t[np.isfinite(t)] = float(finite.max()) + span
 
     def _last_use(self, s: int) -> list[bool]:
         """Per program step: whether it is the backward of the last microbatch of its

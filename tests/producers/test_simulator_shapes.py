@@ -469,3 +469,30 @@ def test_cli_simulate_a_pipeline_shape_at_a_step_and_rate(tmp_path) -> None:  # 
     assert "pp_slow_nic_pair" in listed.output and "long_step_straggler" in listed.output
     bad = CliRunner().invoke(app, ["simulate", "-s", "healthy", "--rate", "300", "--out", str(out)])
     assert bad.exit_code == 2 and "pipeline shape" in bad.output
+
+
+def test_a_blip_slows_one_gpu_for_one_step() -> None:
+    blip = BenignSpec(kind="blip", start_s=3, host=3, gpu=1, severity=3.0)
+    cfg = R(BASE, benign=[blip], duration_s=6)
+    evs = events(cfg)
+    base = events(R(BASE, duration_s=6))
+
+    def steps(ev) -> np.ndarray:
+        ts = sorted(e.ts_us for e in ops(ev, "dp-s0-rail0", "ReduceScatter") if e.rank == 0)
+        return np.diff(ts) / 1e3
+
+    slower = steps(evs) - steps(base)[: len(steps(evs))]
+    assert (slower > 100).sum() == 1  # one step ~2x its compute longer, then back
+
+
+def test_a_checkpoint_is_saved_between_steps_with_nothing_in_flight() -> None:
+    cfg = R(BASE, benign=[BenignSpec(kind="checkpoint", start_s=3, duration_s=2)], duration_s=7)
+    evs = events(cfg)
+    done = sorted(e.ts_us for e in ops(evs))
+    gaps = np.diff(done)
+    k = int(np.argmax(gaps))
+    assert gaps[k] == pytest.approx(2e6, abs=0.1e6)  # one 2-s silence in the collectives
+    lo, hi = done[k], done[k + 1]
+    assert us(3) <= lo < us(3) + 1.2 * measure_step_s(BASE) * 1e6
+    beats = [e for e in evs if isinstance(e, ProgressEvent) and lo < e.ts_us < hi]
+    assert beats and all(e.started == e.completed for e in beats), "nothing in flight"

@@ -148,3 +148,29 @@ def test_a_river_model_enabled_by_configuration_reaches_the_correlator(tmp_path:
     )
     with pytest.raises(WorkerConfigError, match="not a river.anomaly detector"):
         load_worker_config(bad)
+
+
+# The shape of large-model training (issue 20): TP 8 in a host, a 4-stage 1F1B pipeline of
+# Send/Recv pairs, ZeRO, a +-1 % static speed spread. Its bubbles are waiting by design.
+PIPELINE = R(
+    SCENARIOS["pp_healthy"], microbatches=4, layers=1, dp_buckets=1, iteration_s=0.8, duration_s=45
+)
+
+PIPELINE_BENIGN: dict[str, list[BenignSpec]] = {
+    "bubbles_and_spread": [],
+    "stage_imbalance": [BenignSpec(kind="stage_heavy", stage=3, severity=1.3)],
+    "checkpoint_congestion": [
+        BenignSpec(kind="checkpoint", start_s=15, duration_s=8),
+        BenignSpec(kind="congestion", start_s=30, duration_s=8, severity=3.0),
+    ],
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", list(PIPELINE_BENIGN))
+def test_benign_pipeline_shapes_isolate_nothing(name: str) -> None:
+    cfg = R(PIPELINE, job=f"pp-benign-{name}", seed=4, benign=PIPELINE_BENIGN[name])
+    score, pipe = detect(cfg)
+    print(f"\npipeline benign {name}: false_isolations={score.false_isolations}")
+    assert score.false_isolations == 0, [_fmt(c) for c in score.false_decisions]
+    assert pipe.n_events > 100_000
