@@ -63,7 +63,8 @@ Identities = Callable[[np.ndarray], tuple[list[str], list[int | None], list[str 
 """Rows (by number) → their host, GPU and NIC (None when absent) as lists, or None."""
 
 _TICK_US = 500_000  # how often (event time) detectors' tick runs; hangs cost O(ranks)
-_SCHEMA = 1
+_SCHEMA = 2
+_P2P_OPS = frozenset({"Send", "Recv", "send", "recv", "SendRecv"})
 
 
 class _RanksState(msgspec.Struct, array_like=True):
@@ -86,6 +87,14 @@ class _CommState(msgspec.Struct, array_like=True):
     model: NormalState
     detectors: dict[str, bytes]
     """Each detector's own checkpoint, by its name."""
+    p2p: bool | None = None
+    """Schema 2 on: the communicator carries Send/Recv (point-to-point) ops."""
+
+
+def _migrate_1(body: list) -> list:
+    """Comm checkpoint schema 1 -> 2: point-to-point not known yet (read again from
+    the next op that carries connections)."""
+    return [*body, None]
 
 
 _RANK_ARRAYS = ("host_idx", "gpu", "nic_idx", "started", "completed", "inflight_us",
@@ -156,6 +165,8 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += len(events)
+        if v.p2p is None and ops:
+            v.p2p = ops[0].op in _P2P_OPS
         if ops and prog:  # one identity pass for the whole batch
             self._learn_identities(ops + prog, np.concatenate([ro, rp]))  # type: ignore[operator]
         else:
@@ -210,6 +221,8 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += c.n
+        if v.p2p is None and c.op_objs:
+            v.p2p = c.op_objs[0].op in _P2P_OPS
         self._learn_identities(c.ident, c.ident_rank, c.ident_cols, stamp=False)
         return out
 
@@ -246,7 +259,7 @@ class CommDetector:
             comm=v.comm, job=v.job, comm_name=v.comm_name, now=v.now, first_us=v.first_us,
             window_idx=self.window_idx, n_events=self.n_events, next_tick=self._next_tick,
             census_hosts=self._census_hosts, ranks=ranks, model=v.model.state(),
-            detectors={d.name: d.dump() for d in self.detectors},
+            detectors={d.name: d.dump() for d in self.detectors}, p2p=v.p2p,
         )  # fmt: skip
         return ck.encode("comm", _SCHEMA, st)
 
@@ -256,7 +269,7 @@ class CommDetector:
         :class:`~streams.core.checkpoint.CheckpointError` for anything else (a pickle,
         corrupt or foreign bytes). Detectors configured now but absent from the
         checkpoint start fresh; ones no longer configured are dropped."""
-        st = ck.decode(data, "comm", {_SCHEMA: _CommState})
+        st = ck.decode(data, "comm", {_SCHEMA: _CommState}, {1: _migrate_1})
         want = build_detectors(config)
         dets = [
             load_detector(d.name, st.detectors[d.name], config) if d.name in st.detectors else d
@@ -265,6 +278,7 @@ class CommDetector:
         obj = cls(st.comm, config, dets)
         v = obj.view
         v.job, v.comm_name, v.now, v.first_us = st.job, st.comm_name, st.now, st.first_us
+        v.p2p = st.p2p
         t = RankTable(0)
         arrays = {k: ck.unpack(st.ranks.arrays[k]) for k in _RANK_ARRAYS if k in st.ranks.arrays}
         n = arrays["host_idx"].size if "host_idx" in arrays else 0

@@ -116,6 +116,20 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """... and its peers waited at least this fraction longer than it, on median."""
     straggler_min_z: float = 4.0
     """... and its lateness stands this many robust standard deviations above the others."""
+    straggler_min_share: float = 0.02
+    """... and the wait it causes its peers is at least this share of the time between two
+    collectives (the step it costs the job), at ``straggler_confidence_z``: GPUs differ
+    by about 1 % (power and clock binning), which is never isolated."""
+    straggler_confidence_z: float = 1.645
+    """Standard errors below the mean wait that must still clear ``straggler_min_share``
+    (1.645: 95 % one-sided)."""
+    straggler_long_decay: float = 0.8
+    """Per window, the weight left on the longer evidence (about five windows): a GPU
+    late on a minority of steps is judged on it."""
+    straggler_long_min_seqs: int = 40
+    """Collectives (decayed) of longer evidence needed to call a rank intermittently late."""
+    straggler_long_last_frac: float = 0.2
+    """... which arrived last in at least this fraction of them (and twice its share)."""
 
     # --- slow connection ---------------------------------------------------------
     conn_sample_every: int = 2
@@ -128,6 +142,11 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """A connection is slow below this fraction of its communicator's median throughput."""
     slow_min_cells: int = 3
     """Inter-host connections per window needed before the throughput matrix is judged."""
+    family_max_cells: int = 8
+    """A communicator with fewer inter-host connections than this (a pipeline pair, a
+    ring of a few hosts, where one slow NIC is a third of the matrix or more) also sends
+    its cells, to be judged against the same cells of the communicators of its shape
+    (``streams.core.family``)."""
 
     def __post_init__(self) -> None:
         dup = sorted({d for d in self.detectors if self.detectors.count(d) > 1})

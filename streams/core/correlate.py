@@ -55,11 +55,14 @@ import msgspec
 from streams.commands import Action, IsolationCommand
 from streams.core import checkpoint as ck
 from streams.core.config import PolicyConfig
+from streams.core.family import Families, FamiliesState
 from streams.core.findings import (
+    Cells,
     Census,
     CommHangEvidence,
     Evidence,
     HangEvidence,
+    PairWait,
     Silent,
     SlowEvidence,
     StragglerEvidence,
@@ -76,6 +79,7 @@ __all__ = ["HostCorrelator", "LateEvidence"]
 _HANGS = ("noncomm_hang", "comm_hang")
 _WAIT_MEMORY_US = 15_000_000  # a "waiting" note clears a GPU for this long
 _MAX_ENTRIES = 256
+_Wait = tuple[int, int, float, tuple[tuple[str, int], ...] | None, bool]
 
 
 class LateEvidence(ValueError):
@@ -129,9 +133,10 @@ class HostCorrelator:
         self.clock: dict[str, int] = {}
         """Event time per job: newest verdict ``ts_us`` or advance() for that job."""
         self.episodes: dict[tuple[str, str, str], _Episode] = {}
-        self.waiting: dict[tuple[str, str, int, str], dict[str, tuple[int, int, float]]] = {}
-        """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms)}: where a GPU
-        was seen waiting (held up by a hang, a straggler or a slow ring)."""
+        self.waiting: dict[tuple[str, str, int, str], dict[str, _Wait]] = {}
+        """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms, whom it waited
+        for, the communicator as a whole slow)}: where a GPU was seen waiting (held up
+        by a hang, a straggler or a slow ring)."""
         self._waiting_last: dict[tuple[str, str, int, str], int] = {}
         """Newest note per key of ``waiting`` (pruning reads this, not every note)."""
         self.silent: dict[tuple[str, str], dict[int, int]] = {}
@@ -143,6 +148,11 @@ class HostCorrelator:
         job's size), or the largest communicator a verdict came from."""
         self.job_host_names: dict[str, set[str]] = {}
         self.suppressed = 0
+        self.families = Families()
+        """Pipeline chains and the cell families of small communicators, per job."""
+        self.slow_comms: dict[tuple[str, str], int] = {}
+        """(job, comm) -> last ts of a slow NIC/link found on it (a GPU held up in a slow
+        communicator waited for its connections, not for nobody)."""
         self.roles: dict[tuple[str, int, int, int], dict[str, int]] = {}
         """(job, comm hosts, ranks, position) -> {suspect host: last ts}: straggler
         findings per rank position of communicators of one shape. The same position
@@ -185,8 +195,18 @@ class HostCorrelator:
                 for g in note.gpus:
                     gone[int(g)] = v.ts_us
                 return []
+            if isinstance(note, PairWait):
+                self.families.observe_pair(v.job, v.comm, v.ts_us, v.window_start_us, note)
+                return []
+            if isinstance(note, Cells):
+                return self._cells(v, note)
             if isinstance(note, Waiting):
                 extra = note.extra_ms or [0.0] * len(note.gpus)
+                culprits = (
+                    None
+                    if note.waited_for is None
+                    else tuple((str(h), int(g)) for h, g in note.waited_for)
+                )
                 for g, x in zip(note.gpus, extra, strict=False):
                     wkey = (v.job, v.host, int(g), v.fault)
                     notes = self.waiting.setdefault(wkey, {})
@@ -194,7 +214,9 @@ class HostCorrelator:
                     notes[v.comm] = (
                         first,
                         v.ts_us,
-                        max(float(x), notes.get(v.comm, (0, 0, 0.0))[2]),
+                        max(float(x), notes[v.comm][2] if v.comm in notes else 0.0),
+                        culprits,
+                        note.comm_slow,
                     )
                     if v.ts_us >= self._waiting_last.get(wkey, -1):  # in order: the usual case
                         self._waiting_last[wkey] = v.ts_us
@@ -208,6 +230,8 @@ class HostCorrelator:
         comp = (v.gpu, v.nic, v.peer_host)
         ev = evidence_of(v.fault, v.evidence)
         intra = ev.comm_hosts == 1
+        if v.fault in ("slow_nic", "slow_link"):
+            self.slow_comms[(v.job, v.comm)] = v.ts_us
         ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, ev))
         if isinstance(ev, StragglerEvidence) and ev.position >= 0:
             self._note_role(v.job, v.host, v.ts_us, ev)
@@ -241,7 +265,7 @@ class HostCorrelator:
     def from_bytes(cls, data: bytes, config: PolicyConfig) -> HostCorrelator:
         """The correlator back from :meth:`to_bytes`; raises
         :class:`~streams.core.checkpoint.CheckpointError` for anything else."""
-        st = ck.decode(data, "correlator", {_SCHEMA: _CorrelatorState})
+        st = ck.decode(data, "correlator", {_SCHEMA: _CorrelatorState}, {1: _migrate_1})
         try:
             return _from_state(st, cls(config))
         except ValueError as err:  # evidence of a wrong type inside the checkpoint
@@ -273,6 +297,10 @@ class HostCorrelator:
             del self.silent[k]
         for k in [k for k, t in self.cooldown.items() if k[0] in jobs and t < clock[k[0]]]:
             del self.cooldown[k]
+        for k in [k for k, t in self.slow_comms.items() if k[0] in jobs and t < clock[k[0]] - h]:
+            del self.slow_comms[k]
+        for j in jobs:
+            self.families.prune(j, clock[j] - h)
         for k, seen in list(self.roles.items()):
             if k[0] not in jobs:
                 continue
@@ -313,18 +341,61 @@ class HostCorrelator:
             out = [e for e in out if len(shapes[e.comp[0]]) > 1 or not self._role(job, e)]
         return out
 
+    def _cells(self, v: Verdict, note: Cells) -> list[IsolationCommand]:
+        """A small communicator's cells: judged with its family; what they show slow
+        becomes evidence like a slow-connection finding of that communicator."""
+        facts = comm_facts(v.evidence)
+        shape = (facts.nranks, facts.comm_hosts, note.size_log2 * 2 + int(note.p2p))
+        out: list[IsolationCommand] = []
+        for sc in self.families.observe_cells(v.job, v.comm, v.ts_us, v.window_start_us, note,
+                                              shape):  # fmt: skip
+            fault = "slow_nic" if sc.kind == "nic" else "slow_link"
+            ev = SlowEvidence(
+                comm_name=facts.comm_name, comm_hosts=facts.comm_hosts, nranks=facts.nranks,
+                throughput_ratio=round(sc.ratio, 3), cells=sc.cells,
+                median_gbs=round(sc.median_gbs, 3),
+                family="pipeline pairs" if note.p2p else "communicators of its shape",
+            )  # fmt: skip
+            score = min(1.0, max(0.5, 0.5 + 2 * (self.families.slow_ratio - sc.ratio)))
+            key = (v.job, sc.host, fault)
+            ep = self.episodes.get(key)
+            if ep is None:
+                ep = self.episodes[key] = _Episode(first_window=v.window_start_us)
+            comp = (None, sc.nic, sc.peer_host)
+            ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, score, comp, False, ev))
+            self.slow_comms[(v.job, v.comm)] = v.ts_us
+            cmd = self._decide(key, ep)
+            if cmd:
+                out.append(cmd)
+        return out
+
     def _victim(self, job: str, host: str, fault: str, e: _Entry) -> bool:
-        """A GPU that waits in some other collective is a victim, not the cause: a hang
-        holds its peers inside collectives; a straggler's (or a slow ring's) delay shows
-        as extra kernel time in the communicator where the GPU waited."""
+        """A GPU is cleared of blame only by evidence that it waited for someone else
+        who is itself late: a hang holds its peers inside collectives; a straggler's
+        delay shows as extra kernel time in the communicator where the GPU waited for
+        it (a note naming whom: the straggler that communicator found, or its slow
+        connections); at its end of a pipeline pair, a GPU waited for its neighbour
+        stage only when it spent clearly more than the same end of the pairs across the
+        same stage boundary in the other replicas — the bubbles themselves are the
+        schedule and clear nobody."""
         if e.comp[0] is None or (isinstance(e.ev, HangEvidence) and e.ev.silent):
             return False
-        notes = self.waiting.get((job, host, e.comp[0], fault), {})
-        for comm, (first, last, extra_ms) in notes.items():
+        gpu = e.comp[0]
+        if fault == "straggler" and self.families.waited(job, host, gpu, e.ts):
+            return True
+        notes = self.waiting.get((job, host, gpu, fault), {})
+        for comm, (first, last, extra_ms, culprits, comm_slow) in notes.items():
             if comm == e.comm or not first - _WAIT_MEMORY_US <= e.ts <= last + _WAIT_MEMORY_US:
                 continue
             late_ms = e.ev.late_ms if isinstance(e.ev, StragglerEvidence) else 0.0
-            if fault != "straggler" or extra_ms >= 0.5 * late_ms:
+            if fault == "straggler" and extra_ms < 0.5 * late_ms:
+                continue
+            if culprits is None:  # a note of an older worker: read as before
+                return True
+            if any(c != (host, gpu) for c in culprits):
+                return True
+            slow_at = self.slow_comms.get((job, comm), -1)
+            if comm_slow and slow_at >= 0 and abs(slow_at - e.ts) <= _WAIT_MEMORY_US:
                 return True
         return False
 
@@ -638,7 +709,17 @@ def _reason(
 
 
 # ---------------------------------------------------------------------- checkpoints
-_SCHEMA = 1
+_SCHEMA = 2
+
+
+def _migrate_1(body: list) -> list:
+    """Correlator checkpoint schema 1 -> 2: waiting notes of schema 1 did not say whom
+    they waited for (read as older workers' notes); no pipeline or cell families yet
+    (learned again from the next windows' notes)."""
+    body = list(body)
+    body[2] = [[*w, None, False] for w in body[2]]  # waiting
+    clock = body[10] if len(body) > 10 else {}
+    return [*body[:10], clock, [[], []], []]
 
 
 class _EntryState(msgspec.Struct, array_like=True):
@@ -665,8 +746,11 @@ class _EpisodeState(msgspec.Struct, array_like=True):
 class _CorrelatorState(msgspec.Struct, array_like=True):
     now: int
     episodes: list[_EpisodeState]
-    waiting: list[tuple[str, str, int, str, str, int, int, float]]
-    """(job, host, gpu, fault, comm, first ts, last ts, extra ms)"""
+    waiting: list[
+        tuple[str, str, int, str, str, int, int, float, list[tuple[str, int]] | None, bool]
+    ]
+    """(job, host, gpu, fault, comm, first ts, last ts, extra ms, whom it waited for,
+    communicator slow)"""
     silent: list[tuple[str, str, int, int]]
     cooldown: list[tuple[str, str, int]]
     isolated: dict[str, list[int]]
@@ -678,6 +762,8 @@ class _CorrelatorState(msgspec.Struct, array_like=True):
     clock: dict[str, int] = {}
     """Event time per job (``now`` is their newest; a checkpoint without this field
     gives every job ``now``)."""
+    families: FamiliesState = msgspec.field(default_factory=FamiliesState)
+    slow_comms: list[tuple[str, str, int]] = []
 
 
 def _state_of(c: HostCorrelator) -> _CorrelatorState:
@@ -692,7 +778,11 @@ def _state_of(c: HostCorrelator) -> _CorrelatorState:
     return _CorrelatorState(
         now=c.now,
         episodes=eps,
-        waiting=[(*k, comm, *v) for k, t in c.waiting.items() for comm, v in t.items()],
+        waiting=[
+            (*k, comm, v[0], v[1], v[2], None if v[3] is None else [list(x) for x in v[3]], v[4])
+            for k, t in c.waiting.items()
+            for comm, v in t.items()
+        ],
         silent=[(*k, g, ts) for k, t in c.silent.items() for g, ts in t.items()],
         cooldown=[(*k, ts) for k, ts in c.cooldown.items()],
         isolated={j: list(q) for j, q in c.isolated.items()},
@@ -701,6 +791,8 @@ def _state_of(c: HostCorrelator) -> _CorrelatorState:
         suppressed=c.suppressed,
         roles=[(*k, h, ts) for k, t in c.roles.items() for h, ts in t.items()],
         clock=dict(c.clock),
+        families=c.families.state(),
+        slow_comms=[(*k, ts) for k, ts in c.slow_comms.items()],
     )
 
 
@@ -714,8 +806,9 @@ def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
                 _Entry(e.ts, e.comm, e.window, e.score, (e.gpu, e.nic, e.peer), e.intra, ev)
             )
         c.episodes[(es.job, es.host, es.fault)] = ep
-    for job, host, gpu, fault, comm, first, last, extra in st.waiting:
-        c.waiting.setdefault((job, host, gpu, fault), {})[comm] = (first, last, extra)
+    for job, host, gpu, fault, comm, first, last, extra, culprits, slow in st.waiting:
+        who = None if culprits is None else tuple((str(h), int(g)) for h, g in culprits)
+        c.waiting.setdefault((job, host, gpu, fault), {})[comm] = (first, last, extra, who, slow)
     c._waiting_last = {k: max(x[1] for x in t.values()) for k, t in c.waiting.items()}
     for job, host, gpu, ts in st.silent:
         c.silent.setdefault((job, host), {})[gpu] = ts
@@ -724,6 +817,8 @@ def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
     c.job_hosts = dict(st.job_hosts)
     c.job_host_names = {j: set(n) for j, n in st.job_host_names.items()}
     c.suppressed = st.suppressed
+    c.families.load(st.families)
+    c.slow_comms = {(job, comm): ts for job, comm, ts in st.slow_comms}
     for job, hosts, nranks, pos, host, ts in st.roles:
         c.roles.setdefault((job, hosts, nranks, pos), {})[host] = ts
     if not st.clock and st.now >= 0:  # written before per-job clocks: one clock for all

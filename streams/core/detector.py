@@ -122,6 +122,9 @@ class CommView:
         self.model = NormalModel()
         self.now = -1
         self.first_us = -1
+        self.p2p: bool | None = None
+        """Its ops are Send/Recv (a pipeline pair), read from the first op object seen
+        (ops that carry connections always come as objects); None: not known yet."""
 
     @property
     def label(self) -> str:
