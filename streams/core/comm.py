@@ -89,12 +89,18 @@ class _CommState(msgspec.Struct, array_like=True):
     """Each detector's own checkpoint, by its name."""
     p2p: bool | None = None
     """Schema 2 on: the communicator carries Send/Recv (point-to-point) ops."""
+    window_start: int = -2
+    """Schema 2 on: where the open window started (-2: at ``window_idx`` windows)."""
+    window_seq: int = -1
+    """... the newest collective seen when it opened, and the newest seen since."""
+    seq_hi: int = -1
 
 
 def _migrate_1(body: list) -> list:
     """Comm checkpoint schema 1 -> 2: point-to-point not known yet (read again from
-    the next op that carries connections)."""
-    return [*body, None]
+    the next op that carries connections); the open window counted in time only (its
+    start is ``window_idx`` windows; its collectives are counted from now on)."""
+    return [*body, None, -2, -1, -1]
 
 
 _RANK_ARRAYS = ("host_idx", "gpu", "nic_idx", "started", "completed", "inflight_us",
@@ -110,6 +116,14 @@ class CommDetector:
         self.view = CommView(comm, config)
         self.detectors: list[Detector] = build_detectors(config) if detectors is None else detectors
         self.window_idx = -1
+        """Windows of ``window_us`` since the epoch at the open window's last time
+        boundary (kept for the checkpoint; windows are counted in collectives too)."""
+        self.window_start = -1
+        """Event time the open window started at (-1: none yet)."""
+        self.window_seq = -1
+        """The newest collective seen when the open window started."""
+        self.seq_hi = -1
+        """The newest collective seen."""
         self.n_events = 0
         self._next_tick = 0
         self._census_hosts = 0
@@ -167,6 +181,8 @@ class CommDetector:
         self.n_events += len(events)
         if v.p2p is None and ops:
             v.p2p = ops[0].op in _P2P_OPS
+        if ops:
+            self.seq_hi = max(self.seq_hi, max(e.seq for e in ops))
         if ops and prog:  # one identity pass for the whole batch
             self._learn_identities(ops + prog, np.concatenate([ro, rp]))  # type: ignore[operator]
         else:
@@ -223,6 +239,8 @@ class CommDetector:
         self.n_events += c.n
         if v.p2p is None and c.op_objs:
             v.p2p = c.op_objs[0].op in _P2P_OPS
+        if c.distinct:
+            self.seq_hi = max(self.seq_hi, c.distinct[-1])
         self._learn_identities(c.ident, c.ident_rank, c.ident_cols, stamp=False)
         return out
 
@@ -260,6 +278,7 @@ class CommDetector:
             window_idx=self.window_idx, n_events=self.n_events, next_tick=self._next_tick,
             census_hosts=self._census_hosts, ranks=ranks, model=v.model.state(),
             detectors={d.name: d.dump() for d in self.detectors}, p2p=v.p2p,
+            window_start=self.window_start, window_seq=self.window_seq, seq_hi=self.seq_hi,
         )  # fmt: skip
         return ck.encode("comm", _SCHEMA, st)
 
@@ -298,6 +317,10 @@ class CommDetector:
         for d in obj.detectors:
             d.grow(n)
         obj.window_idx, obj.n_events = st.window_idx, st.n_events
+        obj.window_start = (
+            st.window_idx * config.window_us if st.window_start == -2 else st.window_start
+        )
+        obj.window_seq, obj.seq_hi = st.window_seq, st.seq_hi
         obj._all_known = n > 0 and bool((t.host_idx >= 0).all())
         obj._next_tick, obj._census_hosts = st.next_tick, st.census_hosts
         return obj
@@ -459,21 +482,46 @@ class CommDetector:
                            Census(hosts=list(t.hosts)))  # fmt: skip
 
     def _roll_window(self, new_now: int) -> Output:
+        """Close the open window when the clock reaches ``new_now``, if it is due.
+
+        Windows are counted in collectives as well as in time, so that a communicator
+        is judged over about the same evidence whatever its step: a window closes at
+        a ``window_us`` boundary once it holds ``window_min_collectives`` collectives
+        (the usual case: a communicator running a few collectives per second is judged
+        every ``window_us``); one with fewer (one collective per 46-s step) stays open
+        until it has them, up to ``window_max_us`` (silence); one running hundreds per
+        second closes as soon as it holds ``window_max_collectives``."""
         v, cfg = self.view, self.view.config
         w = cfg.window_us
         idx = new_now // w
-        if self.window_idx < 0 or v.first_us < 0:
+        if self.window_start < 0 or v.first_us < 0:
             self.window_idx = idx
+            self.window_start = idx * w
+            self.window_seq = self.seq_hi
             return []
-        if idx <= self.window_idx:
+        start = self.window_start
+        n = self.seq_hi - self.window_seq
+        if n >= cfg.window_max_collectives and v.now > start:
+            end = v.now  # many collectives: judged now, not at the next time boundary
+            nxt = v.now
+        elif idx > self.window_idx and (
+            n >= cfg.window_min_collectives or new_now - start >= cfg.window_max_us
+        ):
+            end = max(start + 1, (self.window_idx + 1) * w)  # the boundary just passed
+            nxt = idx * w
+        else:
+            if idx > self.window_idx:
+                self.window_idx = idx  # the time boundary passed with too few: stay open
             return []
-        start, end = self.window_idx * w, (self.window_idx + 1) * w
-        learn = start >= v.first_us + cfg.warmup_us - w
+        # learn past the start of the warm-up's last window; judge past the warm-up
+        learn = start >= v.first_us + cfg.warmup_us - max(w, end - start)
         window = Window(start, end, learn, learn and end - v.first_us >= cfg.warmup_us)
         out: Output = []
         for d in self.detectors:
             out += d.close_window(v, window)
         self.window_idx = idx
+        self.window_start = nxt
+        self.window_seq = self.seq_hi
         return out
 
     def _verdicts(self, out: Output) -> list[Verdict]:

@@ -85,7 +85,18 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """Settings of the ``river`` detector (used when it is listed in ``detectors``)."""
 
     window_us: int = 5_000_000
-    """Event-time window over which straggler and slow-connection evidence is judged."""
+    """Event-time window over which straggler and slow-connection evidence is judged, when
+    it holds ``window_min_collectives`` (windows are counted in collectives too)."""
+    window_min_collectives: int = 5
+    """A window closes at a ``window_us`` boundary only once it holds this many of its
+    communicator's collectives: one collective per 46-s step is judged over a few
+    steps, not over a window holding one."""
+    window_max_collectives: int = 256
+    """... and closes as soon as it holds this many (hundreds per second: judged in a
+    fraction of a window; at least one batch, as exporters send them)."""
+    window_max_us: int = 600_000_000
+    """... and closes after this long whatever it holds (a communicator gone quiet; 5
+    steps of 120 s)."""
     warmup_us: int = 5_000_000
     """Job start-up: no verdicts until a communicator has been seen this long."""
 
@@ -130,6 +141,8 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """Collectives (decayed) of longer evidence needed to call a rank intermittently late."""
     straggler_long_last_frac: float = 0.2
     """... which arrived last in at least this fraction of them (and twice its share)."""
+    straggler_long_min_late: float = 16.0
+    """... and in this many more of them than chance would make it (1 in the ranks)."""
 
     # --- slow connection ---------------------------------------------------------
     conn_sample_every: int = 2

@@ -79,7 +79,12 @@ __all__ = ["HostCorrelator", "LateEvidence"]
 _HANGS = ("noncomm_hang", "comm_hang")
 _WAIT_MEMORY_US = 15_000_000  # a "waiting" note clears a GPU for this long
 _MAX_ENTRIES = 256
-_Wait = tuple[int, int, float, tuple[tuple[str, int], ...] | None, bool]
+_Wait = tuple[int, int, float, tuple[tuple[str, int], ...] | None, bool, int]
+
+
+def _span(ts: int, window_start: int) -> int:
+    """How long a verdict's window was (windows follow their communicator's pace)."""
+    return max(0, ts - window_start)
 
 
 class LateEvidence(ValueError):
@@ -217,11 +222,14 @@ class HostCorrelator:
                         max(float(x), notes[v.comm][2] if v.comm in notes else 0.0),
                         culprits,
                         note.comm_slow,
+                        _span(v.ts_us, v.window_start_us),
                     )
-                    if v.ts_us >= self._waiting_last.get(wkey, -1):  # in order: the usual case
-                        self._waiting_last[wkey] = v.ts_us
+                    # kept for the memory plus its window (long steps: long windows)
+                    until = v.ts_us + _span(v.ts_us, v.window_start_us)
+                    if until >= self._waiting_last.get(wkey, -1):  # in order: the usual case
+                        self._waiting_last[wkey] = until
                     else:
-                        self._waiting_last[wkey] = max(n[1] for n in notes.values())
+                        self._waiting_last[wkey] = max(n[1] + n[5] for n in notes.values())
             return []
         key = (v.job, v.host, v.fault)
         ep = self.episodes.get(key)
@@ -279,7 +287,7 @@ class HostCorrelator:
         for key in [
             k
             for k, ep in self.episodes.items()
-            if k[0] in jobs and ep.entries[-1].ts < clock[k[0]] - h
+            if k[0] in jobs and not self._alive(ep.entries[-1], clock[k[0]])
         ]:
             if not ep_in_cooldown(self, key):
                 del self.episodes[key]
@@ -300,7 +308,7 @@ class HostCorrelator:
         for k in [k for k, t in self.slow_comms.items() if k[0] in jobs and t < clock[k[0]] - h]:
             del self.slow_comms[k]
         for j in jobs:
-            self.families.prune(j, clock[j] - h)
+            self.families.prune(j, clock[j], h)
         for k, seen in list(self.roles.items()):
             if k[0] not in jobs:
                 continue
@@ -326,10 +334,15 @@ class HostCorrelator:
         cut = self.clock.get(job, -1) - self.config.horizon_us
         return sum(1 for ts in seen.values() if ts >= cut) >= self.config.role_replicas
 
+    def _alive(self, e: _Entry, now: int) -> bool:
+        """Evidence is kept for the horizon, or three of its windows when they are
+        longer (a communicator with long steps has long windows)."""
+        return e.ts >= now - max(self.config.horizon_us, 3 * _span(e.ts, e.window))
+
     def _live(self, key: tuple[str, str, str], ep: _Episode) -> list[_Entry]:
-        cut = self.clock[key[0]] - self.config.horizon_us
+        now = self.clock[key[0]]
         job, host, fault = key
-        out = [e for e in ep.entries if e.ts >= cut]
+        out = [e for e in ep.entries if self._alive(e, now)]
         if fault in ("noncomm_hang", "straggler"):
             out = [e for e in out if not self._victim(job, host, fault, e)]
         if fault == "straggler":
@@ -369,6 +382,19 @@ class HostCorrelator:
                 out.append(cmd)
         return out
 
+    def _stage_text(self, job: str, host: str, gpu: int, ts: int) -> str:
+        """What its pipeline neighbours say, when they waited for this GPU's stage."""
+        ws = self.families.waited_for(job, host, gpu, ts)
+        if not ws:
+            return ""
+        peers = ", ".join(sorted({f"{w.peer_host} GPU {w.peer_gpu}" for w in ws}))
+        worst = max(ws, key=lambda w: w.excess_ms)
+        return (
+            f" Its pipeline stage is the one its neighbours wait for: {peers} spent "
+            f"{worst.excess_ms:.1f} ms more per transfer than the same stage of the other "
+            "pipeline replicas."
+        )
+
     def _victim(self, job: str, host: str, fault: str, e: _Entry) -> bool:
         """A GPU is cleared of blame only by evidence that it waited for someone else
         who is itself late: a hang holds its peers inside collectives; a straggler's
@@ -384,8 +410,9 @@ class HostCorrelator:
         if fault == "straggler" and self.families.waited(job, host, gpu, e.ts):
             return True
         notes = self.waiting.get((job, host, gpu, fault), {})
-        for comm, (first, last, extra_ms, culprits, comm_slow) in notes.items():
-            if comm == e.comm or not first - _WAIT_MEMORY_US <= e.ts <= last + _WAIT_MEMORY_US:
+        for comm, (first, last, extra_ms, culprits, comm_slow, span) in notes.items():
+            mem = _WAIT_MEMORY_US + span
+            if comm == e.comm or not first - mem <= e.ts <= last + mem:
                 continue
             late_ms = e.ev.late_ms if isinstance(e.ev, StragglerEvidence) else 0.0
             if fault == "straggler" and extra_ms < 0.5 * late_ms:
@@ -395,7 +422,7 @@ class HostCorrelator:
             if any(c != (host, gpu) for c in culprits):
                 return True
             slow_at = self.slow_comms.get((job, comm), -1)
-            if comm_slow and slow_at >= 0 and abs(slow_at - e.ts) <= _WAIT_MEMORY_US:
+            if comm_slow and slow_at >= 0 and abs(slow_at - e.ts) <= mem:
                 return True
         return False
 
@@ -580,7 +607,10 @@ class HostCorrelator:
             "all_windows": len(windows),
         }
         silent = self._silent_gpus(job, host, w0) if fault == "noncomm_hang" else set()
-        reason = _reason(fault, host, comp, chosen, w0, w1, silent) + rail
+        reason = _reason(fault, host, comp, chosen, w0, w1, silent)
+        if fault == "straggler" and comp[0] is not None:
+            reason += self._stage_text(job, host, comp[0], at)
+        reason += rail
         return IsolationCommand(
             id=cid,
             ts_us=at,
@@ -657,6 +687,15 @@ def _reason(
                     "communicator inside the host names one GPU."
                 )
         who = f"{host} GPU {gpu}" if gpu is not None else host
+        if st and all(x.intermittent for x in st):
+            late = _median([x.late_ms for x in st])
+            share = _median([x.step_share or 0.0 for x in st])
+            return (
+                f"{who} is intermittently late: it arrived last in {last:.0%} of {n} "
+                f"collectives on {on} over {span} (on a minority of steps), its peers then "
+                f"waiting {late:.1f} ms for it, {share:.0%} of the step or more overall; a "
+                "GPU that slows down now and then (check its clocks, temperature and power)."
+            )
         return (
             f"{who} is a straggler: it arrived last in {last:.0%} of {n} "
             f"collectives on {on} over {span}, {wait}."
@@ -717,7 +756,7 @@ def _migrate_1(body: list) -> list:
     they waited for (read as older workers' notes); no pipeline or cell families yet
     (learned again from the next windows' notes)."""
     body = list(body)
-    body[2] = [[*w, None, False] for w in body[2]]  # waiting
+    body[2] = [[*w, None, False, 0] for w in body[2]]  # waiting
     clock = body[10] if len(body) > 10 else {}
     return [*body[:10], clock, [[], []], []]
 
@@ -747,10 +786,10 @@ class _CorrelatorState(msgspec.Struct, array_like=True):
     now: int
     episodes: list[_EpisodeState]
     waiting: list[
-        tuple[str, str, int, str, str, int, int, float, list[tuple[str, int]] | None, bool]
+        tuple[str, str, int, str, str, int, int, float, list[tuple[str, int]] | None, bool, int]
     ]
     """(job, host, gpu, fault, comm, first ts, last ts, extra ms, whom it waited for,
-    communicator slow)"""
+    communicator slow, its window's span)"""
     silent: list[tuple[str, str, int, int]]
     cooldown: list[tuple[str, str, int]]
     isolated: dict[str, list[int]]
@@ -779,7 +818,16 @@ def _state_of(c: HostCorrelator) -> _CorrelatorState:
         now=c.now,
         episodes=eps,
         waiting=[
-            (*k, comm, v[0], v[1], v[2], None if v[3] is None else [list(x) for x in v[3]], v[4])
+            (
+                *k,
+                comm,
+                v[0],
+                v[1],
+                v[2],
+                None if v[3] is None else [list(x) for x in v[3]],
+                v[4],
+                v[5],
+            )
             for k, t in c.waiting.items()
             for comm, v in t.items()
         ],
@@ -806,10 +854,12 @@ def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
                 _Entry(e.ts, e.comm, e.window, e.score, (e.gpu, e.nic, e.peer), e.intra, ev)
             )
         c.episodes[(es.job, es.host, es.fault)] = ep
-    for job, host, gpu, fault, comm, first, last, extra, culprits, slow in st.waiting:
+    for job, host, gpu, fault, comm, first, last, extra, culprits, slow, span in st.waiting:
         who = None if culprits is None else tuple((str(h), int(g)) for h, g in culprits)
-        c.waiting.setdefault((job, host, gpu, fault), {})[comm] = (first, last, extra, who, slow)
-    c._waiting_last = {k: max(x[1] for x in t.values()) for k, t in c.waiting.items()}
+        c.waiting.setdefault((job, host, gpu, fault), {})[comm] = (
+            first, last, extra, who, slow, span,
+        )  # fmt: skip
+    c._waiting_last = {k: max(x[1] + x[5] for x in t.values()) for k, t in c.waiting.items()}
     for job, host, gpu, ts in st.silent:
         c.silent.setdefault((job, host), {})[gpu] = ts
     c.cooldown = {(job, host): ts for job, host, ts in st.cooldown}

@@ -289,7 +289,7 @@ class Families:
 
         out: dict[tuple, SlowCell] = {}
         for s, d, ratio, m, _ in mine:
-            for end, other in ((s, d), (d, s)):
+            for end in (s, d):
                 if len(remotes(end, slow)) >= 2:  # slow with two NICs or more: this NIC
                     mine_cells = [r[2] for r in slow if end in (r[0], r[1])]
                     out[("nic", end)] = SlowCell("nic", end[0], end[1], None,
@@ -307,9 +307,17 @@ class Families:
         return list(out.values())
 
     # ------------------------------------------------------------- upkeep
-    def prune(self, job: str, cut: int) -> None:
-        """Forget notes of ``job`` older than ``cut`` (event time)."""
-        for key in [k for k, p in self.pairs.items() if k[0] == job and p.notes[-1][0] < cut]:
+    @staticmethod
+    def _old(notes: deque, now: int, horizon: int) -> bool:
+        """The newest note is older than the horizon (or three of its windows)."""
+        ts, start = notes[-1][0], notes[-1][1]
+        return ts < now - max(horizon, 3 * (ts - start))
+
+    def prune(self, job: str, now: int, horizon: int) -> None:
+        """Forget communicators of ``job`` whose newest note is old (event time)."""
+        cut = now - horizon
+        for key in [k for k, p in self.pairs.items() if k[0] == job
+                    and self._old(p.notes, now, horizon)]:  # fmt: skip
             p = self.pairs.pop(key)
             for end in (0, 1):
                 m = self.member.get((job, p.hosts[end], p.gpus[end]))
@@ -318,11 +326,16 @@ class Families:
                     if not m:
                         del self.member[(job, p.hosts[end], p.gpus[end])]
             self._depth.clear()
-        for key in [k for k, c in self.cells.items() if k[0] == job and c.notes[-1][0] < cut]:
+        for key in [k for k, c in self.cells.items() if k[0] == job
+                    and self._old(c.notes, now, horizon)]:  # fmt: skip
             del self.cells[key]
+        spans = {c: n.notes[-1][0] - n.notes[-1][1] for (j, c), n in self.cells.items() if j == job}
         for fk in [k for k in self.fam if k[0] == job]:
             vals = self.fam[fk]
-            for cm in [cm for cm, (t, _) in vals.items() if t < cut]:
+            old = [
+                cm for cm, (t, _) in vals.items() if t < now - max(horizon, 3 * spans.get(cm, 0))
+            ]
+            for cm in old:
                 del vals[cm]
             if not vals:
                 del self.fam[fk]
@@ -331,7 +344,7 @@ class Families:
             self.nic_comms[nk] &= live
             if not self.nic_comms[nk]:
                 del self.nic_comms[nk]
-        for wk in [k for k in self._n_notes if k[0] == job and k[1] < cut]:
+        for wk in [k for k in self._n_notes if k[0] == job and k[1] < cut - horizon]:
             del self._n_notes[wk]
         self._ref.clear()
         self._fam_med.clear()

@@ -557,8 +557,11 @@ class StragglerDetector:
             return []
         frac = n_last / np.maximum(n_seq, 1.0)
         share = wait_share(n_seq, late_sum, late_sq, period, cfg.straggler_confidence_z)
+        # last far more often than by chance, many times over: one or two blips of a
+        # healthy GPU (a one-step hiccup) are not a GPU that slows down repeatedly
+        repeated = n_last - n_seq / n >= cfg.straggler_long_min_late
         cand = np.flatnonzero(
-            enough & (share >= cfg.straggler_min_share)
+            enough & repeated & (share >= cfg.straggler_min_share)
             & (frac >= max(cfg.straggler_long_last_frac, 2.0 / n))
         )  # fmt: skip
         if cand.size == 0 or cand.size > max(1, int(cfg.max_culprit_frac * n)):
@@ -577,7 +580,7 @@ class StragglerDetector:
                 collectives=int(n_seq[r]),
                 last_frac=round(float(frac[r]), 3),
                 peer_time_x=1.0,
-                late_ms=round(float(late_sum[r] / max(n_seq[r], 1.0)) / 1e3, 2),
+                late_ms=round(late_ms, 2),
                 position=r,
                 step_share=round(float(share[r]), 4),
                 intermittent=True,

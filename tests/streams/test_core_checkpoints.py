@@ -167,7 +167,7 @@ def test_schema_1_checkpoints_of_this_release_are_migrated(
 
     assert COMM_SCHEMA == 2 and COR_SCHEMA == 2
     d = next(iter(detectors.values()))
-    old = _as_schema_1(d.to_bytes(), "comm", 1)
+    old = _as_schema_1(d.to_bytes(), "comm", 4)
     back = CommDetector.from_bytes(old, DetectConfig())
     assert back.view.p2p is None and back.n_events == d.n_events
     for det in back.detectors:
