@@ -71,7 +71,7 @@ from streams.core.findings import (
     evidence_of,
     observation_of,
 )
-from streams.core.stats import stable_id
+from streams.core.stats import slow_score, stable_id
 from streams.verdicts import Verdict
 
 __all__ = ["HostCorrelator", "LateEvidence"]
@@ -369,7 +369,7 @@ class HostCorrelator:
                 median_gbs=round(sc.median_gbs, 3),
                 family="pipeline pairs" if note.p2p else "communicators of its shape",
             )  # fmt: skip
-            score = min(1.0, max(0.5, 0.5 + 2 * (self.families.slow_ratio - sc.ratio)))
+            score = slow_score(sc.ratio, self.families.slow_ratio)
             key = (v.job, sc.host, fault)
             ep = self.episodes.get(key)
             if ep is None:

@@ -36,7 +36,7 @@ from streams.core import checkpoint as ck
 from streams.core.config import DetectConfig
 from streams.core.detector import Batch, CommView, ConnArrays, Output, Window
 from streams.core.findings import Cells, Finding, Observation, SlowEvidence
-from streams.core.stats import median
+from streams.core.stats import median, slow_score
 
 __all__ = ["ConnMatrix", "SlowConnDetector", "SlowFinding"]
 
@@ -314,7 +314,7 @@ class SlowConnDetector:
         ev = SlowEvidence(
             throughput_ratio=round(f.ratio, 3), cells=f.cells, median_gbs=round(f.median_gbs, 3)
         )
-        score = min(1.0, max(0.5, 0.5 + 2 * (self.config.slow_ratio - f.ratio)))
+        score = slow_score(f.ratio, self.config.slow_ratio)
         if f.kind == "nic":
             reason = (
                 f"{host} {nic or 'NIC'} moves {f.ratio:.0%} of the median throughput of "

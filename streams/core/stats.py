@@ -32,6 +32,7 @@ __all__ = [
     "quantile_from_state",
     "quantile_state",
     "robust_z",
+    "slow_score",
     "stable_id",
 ]
 
@@ -64,6 +65,18 @@ def robust_z(x: np.ndarray, floor: float = 1e-9) -> np.ndarray:
     """How many robust standard deviations each value stands above the median."""
     med = np.nanmedian(x)
     return (x - med) / mad_sigma(x, floor)
+
+
+def slow_score(ratio: float, slow_ratio: float) -> float:
+    """Score of a connection (or NIC) moving ``ratio`` of its reference throughput, below
+    ``slow_ratio``: 0.7 just under the bar, 1.0 from 25 points under. Two windows under
+    the bar are enough evidence (the policy's 1.4), so a NIC that degrades slowly is
+    isolated one window after its throughput crossed the bar.
+
+    >>> slow_score(0.74, 0.75), slow_score(0.4, 0.75)
+    (0.712, 1.0)
+    """
+    return round(min(1.0, 0.7 + 1.2 * max(0.0, slow_ratio - ratio)), 3)
 
 
 def stable_id(*parts: object) -> str:
