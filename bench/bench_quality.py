@@ -30,11 +30,26 @@ from typing import Protocol
 import msgspec
 
 from bench.baselines import NcclRas, Watchdog
-from bench.scenarios import GROUPS, HANG_WATCH_S, Scenario, suite
+from bench.scenarios import (
+    GROUPS,
+    HANG_WATCH_S,
+    Scenario,
+    ShapeScenario,
+    pipeline_suite,
+    suite,
+)
 from producers.events import Event
 from producers.simulator import EPOCH_US, ground_truth, simulate
-from streams.core import DetectionPipeline
-from streams.scoring import Decision, RunScore, from_command, score_run, truth_faults
+from streams.core import DetectConfig, DetectionPipeline, PolicyConfig
+from streams.scoring import (
+    Decision,
+    FaultScore,
+    RunScore,
+    component_label,
+    from_command,
+    score_run,
+    truth_faults,
+)
 
 DETECTORS = ("c4stream", "watchdog", "nccl-ras")
 
@@ -358,6 +373,252 @@ def plain(table: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------------- pipeline rows
+#
+# The shapes of large-model training (bench.scenarios.PIPELINE_GROUPS): each run's trace
+# is simulated once into a cache on disk (keyed by its config and the simulator's
+# source), then read by ``c4stream detect``'s core (streams.detect.run_detect), the same
+# path a user takes with a trace file. INPUTS maps an input kind to the file it gives
+# the core: "raw" is the simulated trace itself; another kind (e.g. the exporter's
+# per-window summaries) is one more entry, and its rows print beside the raw ones.
+
+InputMaker = Callable[[ShapeScenario, Path], Path]
+"""Given a run and its raw trace, the input file to judge (may be written next to it)."""
+
+INPUTS: dict[str, InputMaker] = {"raw": lambda sc, trace: trace}
+
+
+def _simulator_digest() -> str:
+    """Digest of the simulator's source: a cached trace is stale once it changes."""
+    import hashlib
+
+    import producers.simulator as simpkg
+
+    h = hashlib.sha256()
+    root = Path(simpkg.__file__).parent
+    for f in sorted(root.glob("*.py")) + [root.parent / "events.py"]:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def default_cache() -> Path:
+    """Where simulated traces are kept between runs (``$XDG_CACHE_HOME`` or ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "c4stream" / "bench-quality"
+
+
+def trace_for(sc: ShapeScenario, cache: Path) -> tuple[Path, float]:
+    """The run's trace, simulated now or found in ``cache``; and the CPU seconds spent
+    simulating (0 when cached)."""
+    import hashlib
+
+    from producers.simulator import write_trace
+
+    key = hashlib.sha256(msgspec.json.encode(sc.config) + _simulator_digest().encode())
+    path = cache / f"{key.hexdigest()[:24]}.jsonl.gz"
+    if path.exists():
+        return path, 0.0
+    cache.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(f".{os.getpid()}.part")
+    t0 = time.process_time()
+    write_trace(sc.config, part)
+    part.rename(path)  # atomic: a reader never sees half a trace
+    return path, time.process_time() - t0
+
+
+class ShapeRun(msgspec.Struct, kw_only=True):
+    """One pipeline run judged by c4stream on one input kind: one row of its group."""
+
+    row: str
+    group: str
+    step_s: float
+    seed: int
+    gpus: int
+    input: str
+    events: int
+    faults: list[FaultScore]
+    false_isolations: int
+    false_hosts: int
+    latencies_s: list[float]
+    """Per found fault: first right isolation minus the fault's start (for a degrading
+    NIC: minus when it crossed the threshold, so it may be negative)."""
+    window_s: float
+    commands: list[str]
+    """The first few commands, as "host component fault: reason"."""
+    detect_seconds: float
+    sim_seconds: float = 0.0
+
+
+def detect_row(
+    sc: ShapeScenario,
+    trace: Path,
+    input: str = "raw",
+    detect: DetectConfig | None = None,
+    policy: PolicyConfig | None = None,
+) -> ShapeRun:
+    """Run ``c4stream detect``'s core on ``trace`` (the input of kind ``input`` for the
+    run ``sc``) and score its commands against the run's ground truth."""
+    import tempfile
+
+    from streams.detect import run_detect
+
+    detect = detect or DetectConfig()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.process_time()
+        res = run_detect([trace], Path(tmp) / "commands.jsonl", detect, policy)
+        cpu = time.process_time() - t0
+    truth = ground_truth(sc.config)
+    decisions = [from_command(c) for c in res.commands]
+    score = score_run(decisions, truth_faults(truth))
+    lat = []
+    for f, fs in zip(truth.faults, score.faults, strict=True):
+        if fs.found and fs.latency_us is not None:
+            origin = f.threshold_us if f.threshold_us is not None else f.start_us
+            lat.append((fs.latency_us + f.start_us - origin) / 1e6)
+    return ShapeRun(
+        row=sc.row, group=sc.group, step_s=sc.step_s, seed=sc.seed, gpus=sc.config.gpus,
+        input=input, events=res.n_events, faults=score.faults,
+        false_isolations=score.false_isolations, false_hosts=score.false_hosts,
+        latencies_s=sorted(lat), window_s=detect.window_us / 1e6,
+        commands=[
+            f"{c.host} {component_label(c.gpu, c.nic, c.peer_host)} {c.fault} {c.action}: "
+            f"{c.reason}"
+            for c in res.commands[:3]
+        ],
+        detect_seconds=cpu,
+    )  # fmt: skip
+
+
+def _shape_one(args: tuple[ShapeScenario, Path, tuple[str, ...]]) -> list[ShapeRun]:
+    sc, cache, inputs = args
+    trace, sim_s = trace_for(sc, cache)
+    out = []
+    for name in inputs:
+        run = detect_row(sc, INPUTS[name](sc, trace), name)
+        run.sim_seconds = sim_s
+        out.append(run)
+    return out
+
+
+SHAPE_HEADER = (
+    "pipeline row",
+    "input",
+    "runs",
+    "GPUs",
+    "found",
+    "GPU/NIC/link",
+    "missed",
+    "false isol.",
+    "latency p50",
+    "latency max",
+)
+
+
+def shape_rows(runs: Sequence[ShapeRun]) -> list[list[str]]:
+    """One printed line per (row, input), suite order: found on the right component,
+    missed, false isolations, latency in seconds, windows and steps."""
+    order: dict[tuple[str, str], list[ShapeRun]] = {}
+    for r in runs:
+        order.setdefault((r.row, r.input), []).append(r)
+    out = []
+    for (row, inp), rs in order.items():
+        fs = [f for r in rs for f in r.faults]
+        found = sum(f.found for f in fs)
+        comp = sum(f.component is True for f in fs)
+        comp_of = sum(f.component is not None for f in fs)
+        lat = sorted(x for r in rs for x in r.latencies_s)
+        step, win = rs[0].step_s, rs[0].window_s
+        out.append(
+            [
+                row,
+                inp,
+                str(len(rs)),
+                ",".join(str(g) for g in sorted({r.gpus for r in rs})),
+                _frac(found, len(fs)),
+                _frac(comp, comp_of),
+                "—" if not fs else ("MISSED " + str(len(fs) - found) if found < len(fs) else "0"),
+                str(sum(r.false_isolations for r in rs)),
+                _latency(statistics.median(lat) if lat else None, win, step),
+                _latency(max(lat) if lat else None, win, step),
+            ]
+        )
+    return out
+
+
+def _latency(x: float | None, window_s: float, step_s: float) -> str:
+    """A latency in seconds, in detector windows (w) and in training steps (st)."""
+    if x is None:
+        return "—"
+    return f"{x:.1f} s / {x / window_s:.1f} w / {x / step_s:.1f} st"
+
+
+def shape_summary(runs: Sequence[ShapeRun]) -> list[list[str]]:
+    """The whole pipeline suite per input: found, false isolations (on benign runs)."""
+    out = []
+    for inp in dict.fromkeys(r.input for r in runs):
+        rs = [r for r in runs if r.input == inp]
+        fs = [f for r in rs for f in r.faults]
+        found = sum(f.found for f in fs)
+        benign_false = sum(r.false_isolations for r in rs if not r.faults)
+        out.append(
+            [
+                "whole pipeline suite", inp, str(len(rs)), "—", _frac(found, len(fs)),
+                _frac(sum(f.component is True for f in fs), sum(f.component is not None
+                                                            for f in fs)),
+                str(len(fs) - found),
+                f"{sum(r.false_isolations for r in rs)} ({benign_false} on benign)", "—", "—",
+            ]
+        )  # fmt: skip
+    return out
+
+
+def plain_table(header: Sequence[str], table: Sequence[Sequence[str]]) -> str:
+    """``table`` aligned under ``header`` in plain text."""
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
+    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
+    return "\n".join([fmt.format(*header), rule, *(fmt.format(*r) for r in table)])
+
+
+def run_pipeline_suite(
+    scenarios: Sequence[ShapeScenario],
+    cache: Path,
+    inputs: Sequence[str] = ("raw",),
+    jobs: int = 1,
+) -> list[ShapeRun]:
+    """Every pipeline run on every input kind (biggest first over ``jobs`` processes)."""
+    work = sorted(scenarios, key=lambda s: -s.cost)
+    args = [(s, cache, tuple(inputs)) for s in work]
+    runs: list[ShapeRun] = []
+    if jobs == 1:
+        it = map(_shape_one, args)
+        pool = None
+    else:
+        pool = multiprocessing.get_context("fork").Pool(jobs)
+        it = pool.imap_unordered(_shape_one, args)
+    try:
+        for i, got in enumerate(it, 1):
+            runs.extend(got)
+            r = got[0]
+            print(
+                f"  [{i}/{len(work)}] {r.row} seed {r.seed} ({r.gpus} GPUs, {r.events:,} "
+                f"events) sim {r.sim_seconds:.1f} s, detect {r.detect_seconds:.1f} s",
+                file=sys.stderr,
+            )
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+        raise
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    rank = {(s.row, s.seed): i for i, s in enumerate(scenarios)}
+    names = list(inputs)
+    runs.sort(key=lambda r: (rank[(r.row, r.seed)], names.index(r.input)))
+    return runs
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -387,6 +648,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="feed c4stream and nccl-ras the whole 10-minute tail of hang runs too (slow)",
     )
+    p.add_argument(
+        "--suite",
+        choices=("all", "classic", "pipeline"),
+        default="all",
+        help="classic: the earlier rows; pipeline: the pipeline-parallel ZeRO rows (c4stream "
+        "only, through c4stream detect's core); all: both (default)",
+    )
+    p.add_argument(
+        "--steps", help="pipeline rows: comma-separated step times in s (default 0.1,1,10,60)"
+    )
+    p.add_argument(
+        "--pipeline-seeds", type=int, help="pipeline rows: runs per row (default 2, benign 3)"
+    )
+    p.add_argument(
+        "--pipeline-gpus", help="pipeline rows: comma-separated job sizes (default per step)"
+    )
+    p.add_argument(
+        "--inputs",
+        default="raw",
+        help=f"pipeline rows: comma-separated input kinds, of {', '.join(INPUTS)}",
+    )
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="pipeline rows: directory of simulated traces kept between runs "
+        "(default $XDG_CACHE_HOME/c4stream/bench-quality)",
+    )
     p.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
     p.add_argument("--json", type=Path, help="write every run's scores and decisions here")
     return p.parse_args(argv)
@@ -399,6 +688,86 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"unknown detector(s) {sorted(unknown)}; choose from {DETECTORS}", file=sys.stderr)
         return 2
+    inputs = tuple(x.strip() for x in args.inputs.split(",") if x.strip())
+    if set(inputs) - set(INPUTS):
+        print(f"unknown input(s) {sorted(set(inputs) - set(INPUTS))}; choose from "
+              f"{', '.join(INPUTS)}", file=sys.stderr)  # fmt: skip
+        return 2
+    command = "python -m bench.bench_quality " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
+    md: list[str] = [f"Command: `{command.strip()}`\n"]
+    ran = False
+    if args.suite in ("all", "classic"):
+        rc = _main_classic(args, detectors, md)
+        if rc is not None and rc != 0:
+            return rc
+        ran = ran or rc == 0
+    if args.suite in ("all", "pipeline"):
+        if "c4stream" not in detectors:
+            print("pipeline rows judge c4stream only; skipped", file=sys.stderr)
+        else:
+            ran = _main_pipeline(args, inputs, md) or ran
+    if not ran:
+        print("no scenario selected; check --only", file=sys.stderr)
+        return 2
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text("\n".join(md) + "\n", encoding="utf-8")
+        print(f"markdown table written to {args.markdown}", file=sys.stderr)
+    return 0
+
+
+def _main_pipeline(args: argparse.Namespace, inputs: Sequence[str], md: list[str]) -> bool:
+    """The pipeline rows: simulate (cached), judge with c4stream detect, print."""
+    steps = [float(x) for x in args.steps.split(",")] if args.steps else None
+    sizes = [int(x) for x in args.pipeline_gpus.split(",")] if args.pipeline_gpus else None
+    scenarios = pipeline_suite(
+        quick=args.quick, seeds=args.pipeline_seeds, gpus=sizes, only=args.only, steps=steps
+    )
+    if not scenarios:
+        return False
+    cache = args.cache or default_cache()
+    jobs = max(1, args.jobs)
+    print(
+        f"quality bench, pipeline rows: {len(scenarios)} runs x {len(inputs)} input(s), "
+        f"traces cached in {cache}, {jobs} process(es)",
+        file=sys.stderr,
+    )
+    t0 = time.perf_counter()
+    runs = run_pipeline_suite(scenarios, cache, inputs, jobs)
+    elapsed = time.perf_counter() - t0
+    table = shape_rows(runs) + shape_summary(runs)
+    footer = (
+        f"{len(scenarios)} pipeline runs, {sum(r.events for r in runs):,} events judged, "
+        f"{elapsed:.0f} s wall on {jobs} process(es); CPU: simulator "
+        f"{sum(r.sim_seconds for r in runs):.1f} s (0 for cached traces), c4stream detect "
+        f"{sum(r.detect_seconds for r in runs):.1f} s. Latency: s / detector windows "
+        f"(window_us) / training steps; a degrading NIC's from when it crossed 0.75."
+    )
+    print()
+    print(plain_table(SHAPE_HEADER, table))
+    print(footer)
+    notes = [
+        f"  {r.row} seed {r.seed} ({r.input}): {r.commands[0]}"
+        for r in runs
+        if r.commands and (r.false_isolations or not all(f.found for f in r.faults))
+    ]
+    if notes:
+        print("first command of runs with a miss or a false isolation:")
+        print("\n".join(n[:300] for n in notes[:20]))
+    md.append(f"Pipeline-parallel ZeRO rows (c4stream detect):\n\n{footer}\n")
+    md.append(markdown(table, SHAPE_HEADER) + "\n")
+    if args.json:
+        path = args.json.with_name(args.json.stem + "-pipeline" + args.json.suffix)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(runs)))
+    return True
+
+
+def _main_classic(args: argparse.Namespace, detectors: Sequence[str], md: list[str]) -> int | None:
+    """The earlier rows (c4stream and the two baselines over bench.scenarios.GROUPS);
+    None when none is selected."""
     gpus = [int(x) for x in args.gpus.split(",")] if args.gpus else None
     scenarios = suite(
         quick=args.quick,
@@ -408,8 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hang_watch_s=None if args.full_tail else HANG_WATCH_S,
     )
     if not scenarios:
-        print("no scenario selected; check --only", file=sys.stderr)
-        return 2
+        return None
     if "c4stream" in detectors:
         _C4()  # fail fast, before the pool starts, if the core cannot be imported
     # Biggest runs first so the pool's last stragglers are short ones.
@@ -449,9 +817,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = [cells(r) for r in rows] + summary(rows, detectors)
     events = sum(r.events for r in results)
     cpu = {d: sum(r.detectors[d].seconds for r in results) for d in detectors}
-    command = "python -m bench.bench_quality " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
-    )
     sim_cpu = sum(r.sim_seconds for r in results)
     footer = (
         f"{len(results)} runs, {events:,} events, {elapsed:.0f} s wall on {jobs} process(es); "
@@ -468,15 +833,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     side_header, side = compact(rows, detectors)
     print(plain(table))
     print(footer)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(
-            f"Command: `{command.strip()}`\n\n{footer}\n\n"
-            "Side by side (host recall · false isolations · median latency):\n\n"
-            f"{markdown(side, side_header)}\n\nIn full:\n\n{markdown(table)}\n",
-            encoding="utf-8",
-        )
-        print(f"markdown table written to {args.markdown}", file=sys.stderr)
+    md.append(
+        f"{footer}\n\n"
+        "Side by side (host recall · false isolations · median latency):\n\n"
+        f"{markdown(side, side_header)}\n\nIn full:\n\n{markdown(table)}\n"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_bytes(msgspec.json.format(msgspec.json.encode(results)))

@@ -46,6 +46,13 @@ def simulate(
     gpus: Annotated[int | None, typer.Option("--gpus", help="resize the job")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="simulated s")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="random seed")] = None,
+    step: Annotated[
+        float | None, typer.Option("--step", help="step time in s (pipeline shapes)")
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", help="collectives per second per rank (pipeline shapes)"),
+    ] = None,
     out: Annotated[Path, typer.Option("--out", help="trace (.gz = gzip)")] = Path("trace.jsonl.gz"),
     truth: Annotated[Path | None, typer.Option("--truth", help="ground-truth JSON")] = None,
     list_: Annotated[bool, typer.Option("--list", help="list the scenarios and exit")] = False,
@@ -57,7 +64,7 @@ def simulate(
         list_scenarios(console)
         return
     try:
-        cfg = resolve_config(scenario, config, gpus, duration, seed)
+        cfg = resolve_config(scenario, config, gpus, duration, seed, step, rate)
         run(cfg, out, truth, console, progress)
     except SimConfigError as err:
         fail("simulate", err, 2)

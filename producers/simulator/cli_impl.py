@@ -8,7 +8,14 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from producers.simulator.config import SimConfig, SimConfigError, load_config, with_gpus
+from producers.simulator.config import (
+    SimConfig,
+    SimConfigError,
+    load_config,
+    validate,
+    with_gpus,
+    with_step,
+)
 from producers.simulator.output import write_trace
 from producers.simulator.scenarios import SCENARIOS, describe
 
@@ -29,8 +36,14 @@ def resolve_config(
     gpus: int | None,
     duration: float | None,
     seed: int | None,
+    step: float | None = None,
+    rate: float | None = None,
 ) -> SimConfig:
-    """The config a command line asks for; raises SimConfigError with what to fix."""
+    """The config a command line asks for; raises SimConfigError with what to fix.
+
+    ``step`` sets the step time (seconds), ``rate`` the collectives per second per
+    rank (by the number of layers), both for the microbatched shapes only.
+    """
     if (scenario is None) == (config_file is None):
         raise SimConfigError("give exactly one of --scenario NAME or --config FILE.toml")
     if scenario is not None:
@@ -48,7 +61,18 @@ def resolve_config(
         cfg = msgspec.structs.replace(cfg, duration_s=duration)
     if seed is not None:
         cfg = msgspec.structs.replace(cfg, seed=seed)
-    return cfg
+    if (step is not None or rate is not None) and not cfg.pipelined:
+        raise SimConfigError(
+            "--step and --rate need a pipeline shape (schedule 1f1b or interleaved), "
+            "e.g. --scenario pp_healthy"
+        )
+    if step is not None:
+        cfg = with_step(cfg, step)
+    if rate is not None:
+        from producers.simulator.pipeline import with_rate
+
+        cfg = with_rate(cfg, rate, step)
+    return validate(cfg)
 
 
 def run(cfg: SimConfig, out: Path, truth: Path | None, console: Console, progress: bool) -> None:

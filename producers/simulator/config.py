@@ -30,6 +30,11 @@ __all__ = [
     "FaultKind",
     "FaultSpec",
     "bandwidth_fraction",
+    "collectives_per_step",
+    "describe_shape",
+    "moe_layers",
+    "step_estimate_s",
+    "with_step",
     "SimConfig",
     "SimConfigError",
     "load_config",
@@ -38,7 +43,9 @@ __all__ = [
 ]
 
 FaultKind = Literal["straggler", "slow_nic", "slow_link", "rank_hang", "host_down", "link_hang"]
-BenignKind = Literal["checkpoint", "congestion", "blip", "clock_offset", "role_late"]
+BenignKind = Literal["checkpoint", "congestion", "blip", "clock_offset", "role_late", "stage_heavy"]
+Schedule = Literal["classic", "1f1b", "interleaved"]
+DpMode = Literal["allreduce", "zero", "fsdp"]
 
 
 class SimConfigError(ValueError):
@@ -53,6 +60,11 @@ class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     slow-down factor instead (1.5 = bandwidth / 1.5), see :func:`bandwidth_fraction`.
     Hangs ignore it.
     ``end_s`` None means the fault lasts to the end of the run.
+    ``duty`` (straggler): the share of training steps on which the GPU is slow (0.3 =
+    an intermittent straggler, e.g. thermal throttling); which steps is drawn from the
+    seed, the same on every run.
+    ``ramp_s`` (slow_nic): the NIC degrades linearly from full bandwidth at ``start_s``
+    to ``severity`` at ``start_s + ramp_s`` (a degrading optic or cable).
     """
 
     kind: FaultKind
@@ -63,6 +75,8 @@ class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     start_s: float
     end_s: float | None = None
     severity: float = 1.5
+    duty: float = 1.0
+    ramp_s: float = 0.0
 
 
 class BenignSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -74,7 +88,10 @@ class BenignSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     off by ``severity`` milliseconds for the whole run; role_late — GPU index ``gpu``
     of every host computes ``severity`` times longer from ``start_s`` on (its role: more
     work by design, e.g. the rank that also logs or embeds), so that position is late
-    in every tensor-parallel group alike.
+    in every tensor-parallel group alike; stage_heavy — pipeline stage ``stage``
+    computes ``severity`` times longer per layer for the whole run (e.g. the stage that
+    also holds the embedding or the loss): every stage of the pipeline waits for it by
+    design (pipeline shapes only).
     """
 
     kind: BenignKind
@@ -83,6 +100,7 @@ class BenignSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     host: int | None = None
     gpu: int | None = None
     severity: float = 2.0
+    stage: int | None = None
 
 
 class SimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -107,6 +125,20 @@ class SimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     clock_skew_ms: float = 3.0  # per-host clock offsets drawn uniformly in ±clock_skew_ms
     retrans_per_s: float = 50.0  # retransmissions per second on a stalled connection
     seed: int = 0
+    # --- the shapes of large-model training (opt-in; "classic" is the shape above) ---
+    # 1f1b / interleaved: per-layer TP collectives, microbatches through a pipeline of
+    # Send/Recv pairs, and the data-parallel phase chosen by dp_mode.
+    schedule: Schedule = "classic"
+    microbatches: int = 8  # per step and pipeline (1f1b/interleaved)
+    virtual_stages: int = 2  # interleaved: model chunks per rank
+    layers: int = 4  # transformer layers per stage (0: one compute block, no TP ops)
+    moe_every: int = 0  # every k-th layer is a mixture-of-experts layer (0: none)
+    ep: int = 2  # expert-parallel group: this many hosts of a stage, same rail
+    ep_bytes: int = 16 << 20  # bytes each rank sends in one AllToAll
+    dp_mode: DpMode = "allreduce"  # zero: RS+AG per bucket per step; fsdp: AG per use
+    opt_share: float = 0.02  # optimizer step compute, as a share of iteration_s
+    gpu_spread: float = 0.0  # static speed spread: each GPU x U(1-s, 1+s), for the run
+    op_latency_us: float = 10.0  # microbatched shapes: fixed cost of every collective
     faults: list[FaultSpec] = []
     benign: list[BenignSpec] = []
 
@@ -120,6 +152,16 @@ class SimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """Hosts in one pipeline stage (the length of a DP ring)."""
         return self.hosts // self.pp
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether the job has one of the microbatched shapes (not ``classic``)."""
+        return self.schedule != "classic"
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per rank: ``virtual_stages`` when interleaved, else 1."""
+        return self.virtual_stages if self.schedule == "interleaved" else 1
+
 
 def bandwidth_fraction(severity: float) -> float:
     """Remaining bandwidth of a slow NIC or link: ``severity`` if <= 1, else 1/severity.
@@ -128,6 +170,71 @@ def bandwidth_fraction(severity: float) -> float:
     (0.5, 0.5)
     """
     return severity if severity <= 1 else 1.0 / severity
+
+
+def moe_layers(layers: int, every: int) -> frozenset[int]:
+    """Indices of the mixture-of-experts layers among ``layers``: every ``every``-th."""
+    return frozenset(i for i in range(layers) if every and (i + 1) % every == 0)
+
+
+def collectives_per_step(cfg: SimConfig) -> float:
+    """Collectives a rank completes per training step on all its communicators, the
+    mean over ranks (first and last stage of a 1F1B pipeline have one neighbour), from
+    the shape alone: a rate is this over the step time.
+
+    >>> collectives_per_step(SimConfig(hosts=8, pp=4, schedule="1f1b", microbatches=8,
+    ...                                layers=4, dp_mode="zero", dp_buckets=2))
+    156.0
+    """
+    P, M, v = cfg.pp, cfg.microbatches, cfg.chunks
+    per_chunk = cfg.layers // v if cfg.layers else 0
+    moe = len(moe_layers(per_chunk, cfg.moe_every))
+    tp = (4 * per_chunk if cfg.tp > 1 else 0) * M * v
+    ep = 4 * moe * M * v
+    # receive and send, forward and backward; the ends of a 1F1B chain have half
+    pp = 0.0 if P == 1 else 4 * M * v * (1.0 if cfg.schedule == "interleaved" else (P - 1) / P)
+    buckets = min(cfg.dp_buckets, per_chunk) if per_chunk else 1
+    if cfg.dp_mode == "fsdp":
+        dp = (2 * M + 1) * buckets * v
+    elif cfg.dp_mode == "zero":
+        dp = 2 * buckets * v
+    else:
+        dp = buckets * v
+    return float(tp + ep + pp + dp)
+
+
+def step_estimate_s(cfg: SimConfig) -> float:
+    """Compute-bound wall time of one step: ``iteration_s`` stretched by the pipeline's
+    fill and drain, ``(M v + P - 1) / (M v)``, plus the optimizer share."""
+    if not cfg.pipelined:
+        return cfg.iteration_s
+    mv = cfg.microbatches * cfg.chunks
+    return cfg.iteration_s * ((mv + cfg.pp - 1) / mv + cfg.opt_share)
+
+
+def with_step(config: SimConfig, step_s: float) -> SimConfig:
+    """The same job with ``iteration_s`` set so that a step lasts about ``step_s``
+    (compute-bound; communication adds a little on top)."""
+    if not step_s > 0:
+        raise SimConfigError("--step must be positive")
+    return msgspec.structs.replace(
+        config, iteration_s=step_s * config.iteration_s / step_estimate_s(config)
+    )
+
+
+def describe_shape(cfg: SimConfig) -> str:
+    """The microbatched shape in words.
+
+    >>> describe_shape(SimConfig(hosts=8, pp=4, schedule="1f1b", dp_mode="zero"))
+    '1f1b pp=4 tp=8 dp=2 microbatches=8 layers=4 zero'
+    """
+    parts = [cfg.schedule, f"pp={cfg.pp}", f"tp={cfg.tp}", f"dp={cfg.hosts_per_stage}"]
+    if cfg.schedule == "interleaved":
+        parts.append(f"virtual_stages={cfg.virtual_stages}")
+    parts += [f"microbatches={cfg.microbatches}", f"layers={cfg.layers}", cfg.dp_mode]
+    if cfg.moe_every:
+        parts.append(f"moe every {cfg.moe_every} (ep={cfg.ep})")
+    return " ".join(parts)
 
 
 def with_gpus(config: SimConfig, gpus: int) -> SimConfig:
@@ -175,6 +282,9 @@ def pp_peers(cfg: SimConfig, host: int) -> set[int]:
         out.add(host + hps)
     if host - hps >= 0:
         out.add(host - hps)
+    if cfg.schedule == "interleaved" and cfg.pp > 1:  # the last stage feeds chunk c+1 of the first
+        out.add((host + hps) % cfg.hosts)
+        out.add((host - hps) % cfg.hosts)
     return out
 
 
@@ -198,6 +308,10 @@ def validate(cfg: SimConfig) -> SimConfig:
         raise SimConfigError("dp_buckets must be at least 1")
     if not math.isfinite(cfg.duration_s) or cfg.duration_s > 86400:
         raise SimConfigError("duration_s must be finite and at most one day")
+    if not 0 <= cfg.gpu_spread < 0.5:
+        raise SimConfigError("gpu_spread is a relative spread, use 0 <= s < 0.5 (e.g. 0.01)")
+    if cfg.pipelined:
+        _validate_shape(cfg)
     hung_ranks: set[tuple[int, int]] = set()
     for i, f in enumerate(cfg.faults):
         where = f"fault {i} ({f.kind})"
@@ -208,6 +322,12 @@ def validate(cfg: SimConfig) -> SimConfig:
             _check_index(where, f.gpu, cfg.gpus_per_host, "gpu")
         if f.kind in ("slow_nic", "slow_link", "link_hang"):
             _check_index(where, f.nic, cfg.gpus_per_host, "nic (rail)")
+        if not 0 < f.duty <= 1:
+            raise SimConfigError(f"{where}: duty is a share of steps, use 0 < duty <= 1")
+        if f.duty < 1 and f.kind != "straggler":
+            raise SimConfigError(f"{where}: duty applies to stragglers only")
+        if f.ramp_s < 0 or (f.ramp_s > 0 and f.kind != "slow_nic"):
+            raise SimConfigError(f"{where}: ramp_s (>= 0) applies to slow_nic only")
         if f.kind == "straggler" and not f.severity >= 1:
             raise SimConfigError(f"{where}: severity is a compute multiplier, use >= 1 (e.g. 1.3)")
         if f.kind in ("slow_nic", "slow_link") and not f.severity > 0:
@@ -243,4 +363,39 @@ def validate(cfg: SimConfig) -> SimConfig:
             raise SimConfigError(f"{where}: duration_s must be positive")
         if b.kind == "congestion" and not b.severity >= 1:
             raise SimConfigError(f"{where}: severity is a slow-down factor, use >= 1")
+        if b.kind == "stage_heavy":
+            if not cfg.pipelined:
+                raise SimConfigError(f"{where}: needs a pipeline schedule (1f1b or interleaved)")
+            _check_index(where, b.stage, cfg.pp, "stage")
+            if not b.severity >= 1:
+                raise SimConfigError(f"{where}: severity is a compute multiplier, use >= 1")
     return cfg
+
+
+def _validate_shape(cfg: SimConfig) -> None:
+    """The extra rules of the microbatched shapes (1f1b, interleaved)."""
+    if cfg.microbatches < 1:
+        raise SimConfigError("microbatches must be at least 1")
+    if cfg.schedule == "interleaved":
+        if cfg.virtual_stages < 1:
+            raise SimConfigError("virtual_stages must be at least 1")
+        if cfg.pp > 1 and cfg.microbatches % cfg.pp:
+            raise SimConfigError(
+                f"interleaved: microbatches={cfg.microbatches} must be a multiple of pp={cfg.pp}"
+            )
+        if cfg.layers and cfg.layers % cfg.virtual_stages:
+            raise SimConfigError(
+                f"interleaved: layers={cfg.layers} must be a multiple of "
+                f"virtual_stages={cfg.virtual_stages} (layers per chunk)"
+            )
+    if cfg.layers < 0:
+        raise SimConfigError("layers must be >= 0 (0: one compute block per microbatch)")
+    if cfg.moe_every:
+        if cfg.moe_every < 0 or not cfg.layers:
+            raise SimConfigError("moe_every needs layers > 0 and must be >= 0")
+        if cfg.ep < 2 or cfg.hosts_per_stage % cfg.ep:
+            raise SimConfigError(
+                f"ep={cfg.ep} must be >= 2 and divide the hosts of a stage ({cfg.hosts_per_stage})"
+            )
+    if not 0 <= cfg.opt_share < 1:
+        raise SimConfigError("opt_share must be in [0, 1)")

@@ -19,6 +19,11 @@ How each fault acts on the model (times in simulated seconds):
 
 A fault with ``end_s`` set recovers then (a hung rank resumes, a dead host returns).
 
+Intermittent stragglers (``duty`` < 1) are slow on a seeded share of training steps;
+a ramped slow_nic (``ramp_s`` > 0) loses bandwidth linearly until it reaches
+``severity``. A static per-GPU speed spread (``gpu_spread``) multiplies every compute
+phase of a GPU by its own factor for the whole run (benign: power and clock binning).
+
 Benign: checkpoints pause every rank at once; congestion slows every network link;
 a blip slows one GPU for one iteration; clock offsets shift a host's timestamps; a late
 role slows one GPU position on every host alike (a straggler everywhere is a role).
@@ -55,6 +60,12 @@ class Injection:
     clock_offset_s: np.ndarray  # (hosts,)
     pauses: Pauses
     stragglers: list[tuple[int, float, float, float]] = field(default_factory=list)
+    straggler_duty: list[float] = field(default_factory=list)  # per stragglers entry
+    slow_step: list[bool] = field(default_factory=list)  # per stragglers entry, this step
+    speed: np.ndarray | None = None  # (ranks,) static compute multiplier (gpu_spread)
+    stage_factor: np.ndarray | None = None  # (stages,) stage_heavy compute multiplier
+    nic_ramp_s: list[float] = field(default_factory=list)  # per slow_nics entry
+    seed: int = 0
     blips: list[list] = field(default_factory=list)  # [rank, start, severity, applied]
     slow_nics: list[tuple[int, int, float, float, float]] = field(default_factory=list)
     slow_links: list[tuple[int, int, int, float, float, float]] = field(default_factory=list)
@@ -74,15 +85,23 @@ class Injection:
             down_end=np.full(H, INF),
             clock_offset_s=rng.uniform(-1.0, 1.0, H) * cfg.clock_skew_ms * 1e-3,
             pauses=Pauses.none(),
+            seed=cfg.seed,
         )
+        if cfg.gpu_spread > 0:
+            # its own stream of randomness: the main one (and so every other draw) is as
+            # without a spread
+            spread = np.random.default_rng([cfg.seed, 0x5EED]).uniform(-1.0, 1.0, n)
+            inj.speed = 1.0 + cfg.gpu_spread * spread
         for f in cfg.faults:
             start, end = float(f.start_s), _end(f.end_s)
             if f.kind == "straggler":
                 inj.stragglers.append((f.host * G + (f.gpu or 0), start, end, f.severity))
+                inj.straggler_duty.append(f.duty)
             elif f.kind == "slow_nic":
                 inj.slow_nics.append(
                     (f.host, f.nic or 0, start, end, bandwidth_fraction(f.severity))
                 )
+                inj.nic_ramp_s.append(f.ramp_s)
             elif f.kind == "slow_link":
                 inj.slow_links.append(
                     (
@@ -118,6 +137,12 @@ class Injection:
             elif b.kind == "role_late":
                 for h in range(H):
                     inj.stragglers.append((h * G + (b.gpu or 0), b.start_s, INF, b.severity))
+                    inj.straggler_duty.append(1.0)
+            elif b.kind == "stage_heavy":
+                if inj.stage_factor is None:
+                    inj.stage_factor = np.ones(cfg.pp)
+                inj.stage_factor[int(b.stage or 0)] *= b.severity
+        inj.slow_step = [True] * len(inj.stragglers)
         if pauses:
             pauses.sort()
             inj.pauses = Pauses(np.array([p[0] for p in pauses]), np.array([p[1] for p in pauses]))
@@ -125,15 +150,50 @@ class Injection:
 
     # -- ranks -------------------------------------------------------------------------
 
+    def begin_step(self, step: int) -> None:
+        """Draw which intermittent stragglers are slow in training step ``step``.
+
+        From a stream of its own per (seed, straggler, step), so the draw neither
+        depends on nor disturbs any other randomness of the run.
+        """
+        for i, duty in enumerate(self.straggler_duty):
+            if duty < 1:
+                u = np.random.default_rng([self.seed, 0xD07, i, step]).random()
+                self.slow_step[i] = bool(u < duty)
+
     def compute_factor(self, t: np.ndarray) -> np.ndarray | None:
         """Compute-time multiplier per rank for phases starting at ``t`` (None: all 1)."""
         if not self.stragglers:
             return None
         f = np.ones_like(t)
-        for rank, start, end, sev in self.stragglers:
-            if start <= t[rank] < end:
+        for (rank, start, end, sev), slow in zip(self.stragglers, self.slow_step, strict=True):
+            if slow and start <= t[rank] < end:
                 f[rank] *= sev
         return f
+
+    def compute_factor_of(self, ranks: np.ndarray, t: np.ndarray) -> np.ndarray | None:
+        """:meth:`compute_factor` for the ranks ``ranks`` only (``t`` aligned with them),
+        the static speed spread included (None: all 1)."""
+        f = None if self.speed is None else self.speed[ranks].copy()
+        if not self.stragglers:
+            return f
+        pos = {int(r): i for i, r in enumerate(ranks.tolist())} if len(self.stragglers) else {}
+        for (rank, start, end, sev), slow in zip(self.stragglers, self.slow_step, strict=True):
+            i = pos.get(rank)
+            if i is not None and slow and start <= t[i] < end:
+                f = np.ones_like(t) if f is None else f
+                f[i] *= sev
+        return f
+
+    def nic_fraction(self, k: int, t: np.ndarray | float) -> np.ndarray | float:
+        """Remaining bandwidth of slow NIC ``k`` for a transfer starting at ``t``
+        (its full severity at once, or along its ramp)."""
+        sev = self.slow_nics[k][4]
+        ramp = self.nic_ramp_s[k]
+        if ramp <= 0:
+            return sev
+        start = self.slow_nics[k][2]
+        return 1.0 - (1.0 - sev) * np.clip((np.asarray(t) - start) / ramp, 0.0, 1.0)
 
     def iteration_blips(self, t: np.ndarray) -> np.ndarray | None:
         """Per-rank multiplier for the iteration starting at ``t``: each blip fires once."""
@@ -187,9 +247,10 @@ class Injection:
         """Scale (rings, n) link bandwidths (link i -> i+1) by NIC and link faults active
         when each ring's transfer starts (``last``, per ring). Modifies ``bw``."""
         n = bw.shape[1]
-        for host, rail, start, end, sev in self.slow_nics:
+        for k, (host, rail, start, end, _sev) in enumerate(self.slow_nics):
             g, i = self._ring_pos(host, rail)
             if start <= last[g] < end:
+                sev = self.nic_fraction(k, float(last[g]))
                 bw[g, i] *= sev  # the host's send link
                 bw[g, (i - 1) % n] *= sev  # the link into the host
         for host, _peer, rail, start, end, sev in self.slow_links:
@@ -211,10 +272,10 @@ class Injection:
         G = self.gpus_per_host
         s_host, d_host = members[:, src] // G, members[:, 1 - src] // G
         rail = members[:, 0] % G
-        for host, nic, start, end, sev in self.slow_nics:
+        for k, (host, nic, start, end, _sev) in enumerate(self.slow_nics):
             hit = ((s_host == host) | (d_host == host)) & (rail == nic)
             hit &= (last >= start) & (last < end)
-            bw = np.where(hit, bw * sev, bw)
+            bw = np.where(hit, bw * self.nic_fraction(k, last), bw)
         for host, peer, nic, start, end, sev in self.slow_links:
             hit = (s_host == host) & (d_host == peer) & (rail == nic)
             hit &= (last >= start) & (last < end)

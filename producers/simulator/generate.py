@@ -48,8 +48,8 @@ class OpRecord:
     last: np.ndarray  # (g,) last arrival: when bytes start to move
     nominal_end: np.ndarray  # (g,) end without link hangs (for byte progress)
     conn_bytes: int = 0  # per connection (network families)
-    link_s: np.ndarray | None = None  # dp: (g, n) time of link i -> i+1; pp: (g,)
-    src: int = -1  # pp: the sending member
+    link_s: np.ndarray | None = None  # dp: (g, n) time of link i -> i+1; pp: (g,); ep: (g, n, n)
+    src: int = -1  # pp: the sending member; -2: an AllToAll (every member to every other)
     stalls: dict[int, tuple[int, float]] = field(default_factory=dict)
 
 
@@ -112,6 +112,11 @@ class Simulation:
             for f in self.topo.families
         ]
         self._by_name = {s.fam.name: s for s in self.states}
+        self.engine = None
+        if cfg.pipelined:
+            from producers.simulator.pipeline import PipelineEngine
+
+            self.engine = PipelineEngine(self)
         self.iterations = 0
         self.emitted_seconds = 0  # seconds whose batches have been (or are being) yielded
 
@@ -124,6 +129,8 @@ class Simulation:
         factor = self.inj.compute_factor(t)
         if factor is not None:
             span *= factor
+        if self.inj.speed is not None:
+            span *= self.inj.speed
         if blip is not None:
             span *= blip
         with np.errstate(invalid="ignore"):
@@ -192,6 +199,11 @@ class Simulation:
 
     def _iteration(self) -> None:
         cfg = self.cfg
+        self.inj.begin_step(self.iterations)
+        if self.engine is not None:
+            self.engine.step()
+            self.iterations += 1
+            return
         t = self.t
         blip = self.inj.iteration_blips(t)
         has_tp = "tp" in self._by_name
@@ -277,6 +289,13 @@ class Simulation:
                         conns = [
                             Conn(peer=1 - m, dir="send" if m == rec.src else "recv", bytes=cb,
                                  time_us=link_us[k], retrans=0)
+                        ]  # fmt: skip
+                    elif kind == "ep":
+                        lk = link_us[k]
+                        conns = [
+                            Conn(peer=p, dir=d, bytes=cb, time_us=lk[m][p] if d == "send"
+                                 else lk[p][m], retrans=0)
+                            for p in range(n) if p != m for d in ("send", "recv")
                         ]  # fmt: skip
                     ev = OpEvent(
                         v=1, job=job, comm=cid, nranks=n, rank=m, host=names[m], ts_us=ts_k[m],
@@ -397,6 +416,13 @@ class Simulation:
 
     @staticmethod
     def _conns(rec: OpRecord, m: int, n: int, sent: int, got: int, retrans: int) -> list[Conn]:
+        if rec.src == -2:  # all-to-all: every peer
+            return [
+                Conn(peer=p, dir=d, bytes=sent if d == "send" else got, retrans=0)
+                for p in range(n)
+                if p != m
+                for d in ("send", "recv")
+            ]
         if rec.src >= 0:  # pipeline pair: one connection
             if m == rec.src:
                 return [Conn(peer=1 - m, dir="send", bytes=sent, retrans=retrans)]

@@ -49,11 +49,12 @@ def comm_id(job: str, name: str) -> str:
 class Family:
     """Communicators that share one op sequence, as a (groups, members) rank matrix."""
 
-    name: str  # "tp", "dp", "pp0", ...
-    kind: str  # "tp", "dp" or "pp"
+    name: str  # "tp", "dp", "pp0", ... (pipelined shapes: "tp-s0", "dp-s0", "ep-s0", "pp0")
+    kind: str  # "tp", "dp", "pp" or "ep"
     members: np.ndarray  # (g, n) int global ranks
     comms: np.ndarray  # (g,) int index into Topology.comm_* lists
     network: bool  # whether its traffic crosses NICs (then events carry conns and nic)
+    stage: int = -1  # pipelined shapes: the stage of a tp/dp/ep family
 
     @property
     def groups(self) -> int:
@@ -99,12 +100,18 @@ class Topology:
         names = [host_name(h, width) for h in range(H)]
         topo = cls(hosts=H, gpus_per_host=G, host_names=names, families=[])
 
-        def add(name: str, kind: str, members: np.ndarray, labels: list[str], net: bool) -> None:
+        def add(
+            name: str, kind: str, members: np.ndarray, labels: list[str], net: bool, stage: int = -1
+        ) -> None:
             start = len(topo.comm_names)
             topo.comm_names.extend(labels)
             topo.comm_ids.extend(comm_id(cfg.job, lab) for lab in labels)
             comms = np.arange(start, start + len(labels))
-            topo.families.append(Family(name, kind, members.astype(np.int64), comms, net))
+            topo.families.append(Family(name, kind, members.astype(np.int64), comms, net, stage))
+
+        if cfg.pipelined:
+            topo._build_staged(cfg, names, add)
+            return topo
 
         ranks = np.arange(H * G).reshape(H, G)
         if T > 1:
@@ -130,3 +137,40 @@ class Topology:
             labels = [f"pp-s{b}-{names[int(x) // G]}-g{int(x) % G}" for x in a]
             add(f"pp{b}", "pp", members, labels, True)
         return topo
+
+    def _build_staged(self, cfg: SimConfig, names: list[str], add) -> None:  # noqa: ANN001
+        """Families of the microbatched shapes: one per stage for tp/dp/ep (stages run
+        their collectives at different times), one per pipeline boundary for pp.
+
+        Communicator names are those of the classic shape (``tp-node-XXX``,
+        ``dp-s<s>-rail<r>``, ``pp-s<b>-node-XXX-g<r>``) plus ``ep-s<s>-rail<r>-<k>`` for
+        expert groups. An interleaved pipeline also has the wrap boundary ``pp<P-1>``
+        from the last stage (member 0) to the first: chunk c+1 starts on stage 0.
+        """
+        H, G, T, P = cfg.hosts, cfg.gpus_per_host, cfg.tp, cfg.pp
+        hps = H // P
+        staged = np.arange(H * G).reshape(P, hps, G)
+        for s in range(P):
+            hosts = range(s * hps, (s + 1) * hps)
+            if T > 1:
+                per_host = G // T
+                labels = [
+                    f"tp-{names[h]}" if per_host == 1 else f"tp-{names[h]}-{k}"
+                    for h in hosts
+                    for k in range(per_host)
+                ]
+                add(f"tp-s{s}", "tp", staged[s].reshape(hps * per_host, T), labels, False, s)
+            rings = staged[s].T  # (G, hps): GPU r of every host of the stage
+            labels = [f"dp-rail{r}" if P == 1 else f"dp-s{s}-rail{r}" for r in range(G)]
+            add(f"dp-s{s}", "dp", rings, labels, True, s)
+            if cfg.moe_every:
+                blocks = hps // cfg.ep
+                members = rings.reshape(G * blocks, cfg.ep)
+                labels = [f"ep-s{s}-rail{r}-{k}" for r in range(G) for k in range(blocks)]
+                add(f"ep-s{s}", "ep", members, labels, True, s)
+        wrap = cfg.schedule == "interleaved" and P > 1
+        for b in range(P if wrap else P - 1):
+            a = staged[b].reshape(-1)
+            c = staged[(b + 1) % P].reshape(-1)
+            labels = [f"pp-s{b}-{names[int(x) // G]}-g{int(x) % G}" for x in a]
+            add(f"pp{b}", "pp", np.stack([a, c], axis=1), labels, True)

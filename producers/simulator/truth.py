@@ -14,6 +14,12 @@ host_down    noncomm_hang host
 link_hang    comm_hang  host (sender), peer_host, nic
 ======== ============== =====================================
 
+Optional fields appear only where they apply: ``duty`` (an intermittent straggler's
+share of slow steps), ``ramp_s`` with ``threshold_us`` (a degrading NIC: when its
+remaining bandwidth crosses :data:`THRESHOLD_FRACTION`, the moment from which a
+detector is expected to isolate it; ``start_us`` is when the degradation begins),
+and ``stage`` (the pipeline stage of the host, in the microbatched shapes).
+
 >>> from producers.simulator.config import FaultSpec, SimConfig
 >>> cfg = SimConfig(hosts=2, faults=[FaultSpec(kind="host_down", host=1, start_s=5)])
 >>> gt = ground_truth(cfg)
@@ -27,11 +33,14 @@ from typing import Literal
 
 import msgspec
 
-from producers.simulator.config import SimConfig, bandwidth_fraction, validate
+from producers.simulator.config import SimConfig, bandwidth_fraction, describe_shape, validate
 from producers.simulator.generate import EPOCH_US
 from producers.simulator.topology import Topology
 
-__all__ = ["GroundTruth", "TrueBenign", "TrueFault", "ground_truth"]
+__all__ = ["THRESHOLD_FRACTION", "GroundTruth", "TrueBenign", "TrueFault", "ground_truth"]
+
+THRESHOLD_FRACTION = 0.75
+"""Remaining bandwidth at which a degrading NIC counts as faulty (its ``threshold_us``)."""
 
 ExpectedFault = Literal["noncomm_hang", "comm_hang", "straggler", "slow_link", "slow_nic"]
 
@@ -58,6 +67,10 @@ class TrueFault(msgspec.Struct, kw_only=True, omit_defaults=True):
     nic: str | None = None
     peer_host: str | None = None
     end_us: int | None = None
+    duty: float | None = None
+    ramp_s: float | None = None
+    threshold_us: int | None = None
+    stage: int | None = None
 
 
 class TrueBenign(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -69,10 +82,12 @@ class TrueBenign(msgspec.Struct, kw_only=True, omit_defaults=True):
     host: str | None = None
     gpu: int | None = None
     severity: float | None = None
+    stage: int | None = None
 
 
-class GroundTruth(msgspec.Struct, kw_only=True):
-    """What was injected into one simulated run."""
+class GroundTruth(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What was injected into one simulated run (``shape``: the microbatched shapes'
+    schedule, sizes and data-parallel mode, in words)."""
 
     job: str
     seed: int
@@ -83,6 +98,7 @@ class GroundTruth(msgspec.Struct, kw_only=True):
     epoch_us: int
     faults: list[TrueFault]
     benign: list[TrueBenign]
+    shape: str | None = None
 
 
 def _us(seconds: float) -> int:
@@ -103,6 +119,10 @@ def ground_truth(config: SimConfig) -> GroundTruth:
     names = Topology.build(cfg).host_names
     faults = []
     for i, f in enumerate(cfg.faults):
+        threshold_us = None
+        frac = bandwidth_fraction(f.severity)
+        if f.ramp_s > 0 and frac <= THRESHOLD_FRACTION:
+            threshold_us = _us(f.start_s + f.ramp_s * (1 - THRESHOLD_FRACTION) / (1 - frac))
         faults.append(
             TrueFault(
                 id=f"f{i}-{f.kind}-{names[f.host]}",
@@ -117,11 +137,15 @@ def ground_truth(config: SimConfig) -> GroundTruth:
                 start_us=_us(f.start_s),
                 end_us=None if f.end_s is None else _us(f.end_s),
                 severity=_severity(f.kind, f.severity),
+                duty=f.duty if f.duty < 1 else None,
+                ramp_s=f.ramp_s if f.ramp_s > 0 else None,
+                threshold_us=threshold_us,
+                stage=f.host // cfg.hosts_per_stage if cfg.pipelined else None,
             )
         )
     benign = []
     for b in cfg.benign:
-        whole = b.kind in ("clock_offset", "role_late")
+        whole = b.kind in ("clock_offset", "role_late", "stage_heavy")
         benign.append(
             TrueBenign(
                 kind=b.kind,
@@ -130,6 +154,7 @@ def ground_truth(config: SimConfig) -> GroundTruth:
                 start_us=_us(0 if whole else b.start_s),
                 end_us=_us(cfg.duration_s if whole else b.start_s + b.duration_s),
                 severity=b.severity,
+                stage=b.stage if b.kind == "stage_heavy" else None,
             )
         )
     return GroundTruth(
@@ -142,4 +167,5 @@ def ground_truth(config: SimConfig) -> GroundTruth:
         epoch_us=EPOCH_US,
         faults=faults,
         benign=benign,
+        shape=describe_shape(cfg) if cfg.pipelined else None,
     )
