@@ -736,14 +736,16 @@ def _reason(
         )
     ratio = _median([e.ev.throughput_ratio for e in es if isinstance(e.ev, SlowEvidence)])
     windows = len({e.window for e in es})
+    fams = sorted({e.ev.family for e in es if isinstance(e.ev, SlowEvidence) and e.ev.family})
+    against = f" (against the same connection of the other {' and '.join(fams)})" if fams else ""
     if fault == "slow_nic":
         return (
             f"{host} {nic} is slow: its connections moved {ratio:.0%} of their peers' "
-            f"median throughput in {_plural(windows, 'window')} over {span} on {on}."
+            f"median throughput in {_plural(windows, 'window')} over {span} on {on}{against}."
         )
     return (
         f"link {host} {nic} -> {peer} is slow: it moved {ratio:.0%} of the median "
-        f"throughput in {_plural(windows, 'window')} over {span} on {on}."
+        f"throughput in {_plural(windows, 'window')} over {span} on {on}{against}."
     )
 
 

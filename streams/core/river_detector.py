@@ -45,6 +45,7 @@ from streams.core.straggler import (
     aligner_from_state,
     aligner_state,
     migrate_aligner_1,
+    pair_note,
     wait_share,
 )
 
@@ -112,10 +113,15 @@ class RiverDetector:
         out: Output = []
         if window.learn:
             self.aligner.close_due(window.end)
+            a = self.aligner
+            if window.judge and a.n == 2 and view.p2p:  # a pipeline pair: its note
+                span = window.end - window.start
+                period = span / a.window_n_seqs if a.window_n_seqs else 0.0
+                out = pair_note(view, a, window.start, window.end, period)
             feats = self._features()
             if feats is not None:
                 if window.judge and self.history:
-                    out = self._judge(view, feats, window)
+                    out += self._judge(view, feats, window)
                 self.history.append(feats)
                 del self.history[: -self.config.river.history_windows]
         self.aligner.reset_window()

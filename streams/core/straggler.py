@@ -384,6 +384,28 @@ def aligner_from_state(s: AlignerState, config: DetectConfig) -> SeqAligner:
     return a
 
 
+def pair_note(view: CommView, a: SeqAligner, start: int, end: int, period_us: float) -> Output:
+    """A pipeline pair's window: both ends' mean kernel time (:class:`PairWait`), for
+    the correlator to compare with the pairs across the same stage boundary."""
+    t = view.ranks
+    if a.window_n_seqs < 1 or (a.n_seq < 1).any() or t.n < 2:
+        return []
+    hosts = [t.host_of(r) or "" for r in (0, 1)]
+    if not all(hosts):
+        return []
+    gpus = [int(g) for g in t.gpu[:2].tolist()]
+    mean = (a.exec_sum / np.maximum(a.n_seq, 1)).tolist()
+    note = PairWait(
+        hosts=hosts, gpus=gpus, exec_ms=[round(x / 1e3, 3) for x in mean],
+        collectives=int(a.window_n_seqs), period_ms=round(period_us / 1e3, 3),
+    )  # fmt: skip
+    reason = (
+        f"{view.label}: {hosts[0]} GPU {gpus[0]} spent {mean[0] / 1e3:.1f} ms and "
+        f"{hosts[1]} GPU {gpus[1]} {mean[1] / 1e3:.1f} ms per collective."
+    )
+    return [Observation("straggler", hosts[0], reason, start, end, note, [0, 1])]
+
+
 _LONG = ("n_seq", "n_last", "late_sum", "late_sq")
 """Per rank, decayed over windows: collectives seen, collectives it was last in, and
 the sum and sum of squares of the wait it caused (µs)."""
@@ -590,23 +612,7 @@ class StragglerDetector:
         return out
 
     def _pair_note(self, view: CommView, start: int, end: int) -> Output:
-        """Both ends' mean kernel time this window (:class:`PairWait`)."""
-        a, t = self.aligner, view.ranks
-        if a.window_n_seqs < 1 or (a.n_seq < 1).any() or t.n < 2:
-            return []
-        hosts = [t.host_of(r) or "" for r in (0, 1)]
-        if not all(hosts):
-            return []
-        gpus = [int(g) for g in t.gpu[:2].tolist()]
-        mean = (a.exec_sum / np.maximum(a.n_seq, 1)).tolist()
-        note = PairWait(hosts=hosts, gpus=gpus, exec_ms=[round(x / 1e3, 3) for x in mean],
-                        collectives=int(a.window_n_seqs),
-                        period_ms=round(self._period(view, start, end) / 1e3, 3))  # fmt: skip
-        reason = (
-            f"{view.label}: {hosts[0]} GPU {gpus[0]} spent {mean[0] / 1e3:.1f} ms and "
-            f"{hosts[1]} GPU {gpus[1]} {mean[1] / 1e3:.1f} ms per collective."
-        )
-        return [Observation("straggler", hosts[0], reason, start, end, note, [0, 1])]
+        return pair_note(view, self.aligner, start, end, self._period(view, start, end))
 
     def _waited_notes(
         self, view: CommView, start: int, end: int, normal: float, culprits: list[int],
