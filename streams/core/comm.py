@@ -421,6 +421,7 @@ class CommDetector:
                 t.last_op_ts[folded.last_rank] = folded.last_ts
                 t.last_op_seq[folded.last_rank] = folded.last_seq
             v.model.learn_ops(x)
+            v.model.note_peak(float(x.max()), v.now)
         else:
             k = len(ro)
             # period between consecutive collectives of one rank, by that rank's own
@@ -450,6 +451,7 @@ class CommDetector:
             t.last_op_ts[r[last]] = ts[last]
             t.last_op_seq[r[last]] = s[last]
             v.model.learn_ops(x)
+            v.model.note_peak(float(x.max()), v.now)
         if len(rp) and tables:
             t.started[rp] = st
             t.completed[rp] = cp

@@ -199,11 +199,13 @@ class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     host_wait_us: int = 3_000_000
     """A non-communication hang naming one GPU waits up to this long after its first
     verdict for the host's other GPUs: when two or more stop, the command names the host."""
-    job_wide_frac: float = 0.25
+    job_wide_frac: float = 0.1
     """Hangs on more than this fraction of a job's hosts (and more than
     ``job_wide_min_hosts``), starting within ``job_wide_window_us`` of each other, are a
     job-wide stop (checkpoint, storage, planned stop), not a faulty component: they are
-    reported ``alert_only``."""
+    reported ``alert_only``. One faulty component stops one host;
+    a pipeline stage of 8 hosts caught behind together by a checkpoint is a quarter of a
+    4-stage job, so the bar is a tenth (and ``job_wide_min_hosts``), not a quarter."""
     job_wide_min_hosts: int = 3
     job_wide_window_us: int = 5_000_000
     slow_min_windows: int = 2

@@ -446,7 +446,7 @@ class HostCorrelator:
         comms = {e.comm for e in best.values()}
         if fault in _HANGS:
             first = min(e.ts for e in live)
-            if total < cfg.hang_min_score or now - first < cfg.hang_settle_us:
+            if total < cfg.hang_min_score or now - first < _settle(cfg, live):
                 return None
             # one GPU so far: wait a little for the host's other communicators, which
             # tell a dead host (every GPU stops) from one hung process
@@ -498,7 +498,7 @@ class HostCorrelator:
                 continue
             if total < cfg.hang_min_score:
                 continue
-            at = max(e.ts, first + cfg.hang_settle_us)
+            at = max(e.ts, first + _settle(cfg, live))
             if fault == "noncomm_hang":
                 n = len({b.comp[0] for b in best.values() if b.comp[0] is not None})
                 if n < 2 and n + len(silent) >= 2:  # silence notes make it two GPUs
@@ -516,7 +516,13 @@ class HostCorrelator:
         evidence that is not explained by waiting shows up on many hosts together.
         """
         cfg = self.config
-        lo, hi = first_ts - cfg.job_wide_window_us, first_ts + cfg.job_wide_window_us
+        # within the window, or the hang threshold of the communicators when longer:
+        # with long steps each communicator calls its hang later, seconds apart
+        thr = max((e.ev.threshold_s for (j, _, f), ep in self.episodes.items() if j == job
+                   and f in _HANGS for e in ep.entries
+                   if isinstance(e.ev, (HangEvidence, CommHangEvidence))), default=0.0)  # fmt: skip
+        span = max(cfg.job_wide_window_us, int(thr * 1e6))
+        lo, hi = first_ts - span, first_ts + span
         hosts = set()
         for (j, h, f), ep in self.episodes.items():
             if j != job or f not in _HANGS:
@@ -530,7 +536,7 @@ class HostCorrelator:
             return ""
         return (
             f" Not isolated: {len(hosts)} of {n_hosts} hosts of the job stopped within "
-            f"{cfg.job_wide_window_us / 1e6:.0f} s of each other, a job-wide stop "
+            f"{span / 1e6:.0f} s of each other, a job-wide stop "
             "(checkpoint, storage, planned stop) rather than one faulty component."
         )
 
@@ -626,6 +632,16 @@ class HostCorrelator:
             peer_host=peer,
             dry_run=cfg.dry_run,  # explicit: an actuator treats an absent dry_run as true
         )
+
+
+def _settle(cfg: PolicyConfig, live: list[_Entry]) -> int:
+    """How long a hang waits after its first verdict to hear every communicator: the
+    policy's settle time, or the hang threshold of its communicators when longer (with
+    long steps each communicator calls its hang later, seconds apart, and a job-wide
+    stop shows on many hosts only after that)."""
+    thr = max((e.ev.threshold_s for e in live
+               if isinstance(e.ev, (HangEvidence, CommHangEvidence))), default=0.0)  # fmt: skip
+    return max(cfg.hang_settle_us, int(thr * 1e6))
 
 
 def _gpu_unclear(comp: tuple, entries: list[_Entry]) -> bool:

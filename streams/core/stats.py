@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import math
 from hashlib import blake2b
 
 import msgspec
@@ -95,6 +96,9 @@ class NormalState(msgspec.Struct, array_like=True):
     period: bytes | None
     n_ops: int
     n_periods: int
+    peak_us: float = 0.0
+    """The longest kernel time seen lately (decayed), and when it was last updated."""
+    peak_at: int = -1
 
 
 def quantile_state(q: rstats.Quantile) -> bytes | None:
@@ -139,6 +143,10 @@ def quantile_from_state(p: float, data: bytes | None) -> rstats.Quantile:
 _P2_BYTES = 8 + 4 * 5 * 8 + 2
 
 
+PEAK_MULT = 1.5
+PEAK_TAU_PERIODS = 20.0
+
+
 class NormalModel:
     """What is normal for one communicator, learned online (river, O(1) state).
 
@@ -158,6 +166,8 @@ class NormalModel:
         self._period = rstats.Quantile(0.5)
         self.n_ops = 0
         self.n_periods = 0
+        self.peak_us = 0.0
+        self.peak_at = -1
 
     def state(self) -> NormalState:
         return NormalState(
@@ -166,6 +176,8 @@ class NormalModel:
             period=quantile_state(self._period),
             n_ops=self.n_ops,
             n_periods=self.n_periods,
+            peak_us=self.peak_us,
+            peak_at=self.peak_at,
         )
 
     @classmethod
@@ -175,6 +187,7 @@ class NormalModel:
         m._op90 = quantile_from_state(0.9, st.op90)
         m._period = quantile_from_state(0.5, st.period)
         m.n_ops, m.n_periods = st.n_ops, st.n_periods
+        m.peak_us, m.peak_at = st.peak_us, st.peak_at
         return m
 
     def learn_op(self, exec_us: float) -> None:
@@ -213,6 +226,22 @@ class NormalModel:
     def period(self) -> float:
         return float(self._period.get() or 0.0) if self.n_periods else 0.0
 
+    def note_peak(self, exec_max: float, now: int) -> None:
+        """The longest kernel time of a batch, at event time ``now``: the recent peak,
+        decaying by e every :data:`PEAK_TAU_PERIODS` periods (at least a minute), so a
+        one-off (a checkpoint's 30-s collective) is forgotten within minutes."""
+        if self.peak_at >= 0 and now > self.peak_at:
+            tau = max(60e6, PEAK_TAU_PERIODS * self.period())
+            self.peak_us *= math.exp(-(now - self.peak_at) / tau)
+        if exec_max > self.peak_us:
+            self.peak_us = float(exec_max)
+        self.peak_at = max(self.peak_at, now)
+
     def hang_threshold_us(self, floor_us: int, mult: float) -> float:
-        """In-flight time beyond which a collective counts as hung for this communicator."""
-        return max(float(floor_us), mult * max(self.op_p90(), self.period()))
+        """In-flight time beyond which a collective counts as hung for this communicator:
+        ``mult`` times its p90 kernel time or its period, and at least
+        :data:`PEAK_MULT` times the longest kernel time seen lately. The last term is
+        for communicators whose longest normal waits are rare: a pipeline pair waits a
+        whole bubble once a step, fewer than one collective in ten."""
+        return max(float(floor_us), mult * max(self.op_p90(), self.period()),
+                   PEAK_MULT * self.peak_us)  # fmt: skip
