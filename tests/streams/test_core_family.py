@@ -262,3 +262,30 @@ def test_a_pipeline_pair_sends_its_ends_and_cells_for_its_replicas() -> None:
         ("a0", "b0"), ("b0", "a0")
     ]  # fmt: skip
     assert cells.evidence["p2p"] is True
+
+
+@pytest.mark.timeout(10)
+def test_the_hang_threshold_covers_a_rare_long_normal_wait_and_forgets_a_one_off() -> None:
+    """A pipeline pair waits a whole bubble (3 s) once a step, among many short
+    transfers: 4x its p90 would call that a hang; 1.5x the recent peak does not. The
+    peak decays (a checkpoint's one long collective is forgotten within minutes)."""
+    from streams.core.stats import NormalModel
+
+    m = NormalModel()
+    for k in range(200):
+        m.learn_ops(np.array([5_000.0] * 9 + [3_000_000.0 if k % 10 == 0 else 5_000.0]))
+        m.learn_periods(np.array([20_000.0] * 10))
+        m.note_peak(3_000_000.0 if k % 10 == 0 else 5_000.0, T0 + k * 100_000)
+    assert m.hang_threshold_us(2_500_000, 4.0) > 1.4 * 3_000_000  # the bubble, with margin
+    m.note_peak(5_000.0, T0 + 20_000_000 + 600_000_000)  # ten minutes later
+    assert m.hang_threshold_us(2_500_000, 4.0) == 2_500_000
+
+
+@pytest.mark.timeout(10)
+def test_the_warm_up_waits_for_the_first_collectives_of_a_slow_communicator() -> None:
+    det = CommDetector("rs", DetectConfig(warmup_us=5_000_000))
+    _slow_steps(det, 46_000_000, 1)
+    det.advance(T0 + 10_000_000)
+    assert not det.view.warm()  # 10 s and one collective: its normal is not learned
+    _slow_steps(det, 46_000_000, 6)
+    assert det.view.warm()
