@@ -237,8 +237,8 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += c.n
-        if v.p2p is None and c.op_objs:
-            v.p2p = c.op_objs[0].op in _P2P_OPS
+        if v.p2p is None and len(c.ro):  # ops come first in ``ident``: one object
+            v.p2p = c.ident[0].op in _P2P_OPS  # type: ignore[union-attr]
         if c.distinct:
             self.seq_hi = max(self.seq_hi, c.distinct[-1])
         self._learn_identities(c.ident, c.ident_rank, c.ident_cols, stamp=False)

@@ -639,8 +639,8 @@ def _settle(cfg: PolicyConfig, live: list[_Entry]) -> int:
     policy's settle time, or the hang threshold of its communicators when longer (with
     long steps each communicator calls its hang later, seconds apart, and a job-wide
     stop shows on many hosts only after that)."""
-    thr = max((e.ev.threshold_s for e in live
-               if isinstance(e.ev, (HangEvidence, CommHangEvidence))), default=0.0)  # fmt: skip
+    thr = max((e.ev.threshold_s for e in live if not e.ev.snapshot  # one moment, all heard
+               and isinstance(e.ev, (HangEvidence, CommHangEvidence))), default=0.0)  # fmt: skip
     return max(cfg.hang_settle_us, int(thr * 1e6))
 
 
