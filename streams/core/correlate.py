@@ -457,6 +457,10 @@ class HostCorrelator:
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
         comp, chosen = self._component(fault, list(best.values()))
+        if fault in ("slow_nic", "slow_link") and (
+            len({e.window for e in chosen}) < cfg.slow_min_windows
+        ):  # the windows must be the chosen component's own, not other links' of the host
+            return None
         if fault == "straggler" and _gpu_unclear(comp, list(best.values())):
             # the host is late in communicators across hosts on several GPUs alike
             # (one slow GPU holds its host-mates up): its host's own communicator names

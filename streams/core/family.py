@@ -116,11 +116,12 @@ class Families:
         self.member: dict[tuple[str, str, int], dict[str, int]] = {}
         """(job, host, gpu) -> {pair comm: its end (0 sends forward, 1 receives)}"""
         self.cells: dict[tuple[str, str], _CellComm] = {}
-        self.fam: dict[tuple, dict[str, tuple[int, float]]] = {}
-        """(job, shape, sender position, receiver position) -> {comm: (ts, GB/s)}"""
+        self.fam: dict[tuple, dict[str, deque]] = {}
+        """(job, shape, sender position, receiver position) -> {comm: its last windows'
+        (start, end, GB/s)}"""
         self.nic_comms: dict[tuple[str, str, str | None], set[str]] = {}
         """(job, host, NIC) -> the small communicators with a cell through it"""
-        self._fam_med: dict[tuple, tuple[int, float | None]] = {}
+        self._fam_med: dict[tuple, tuple[int, int, int, float | None]] = {}
         self._fam_upd: dict[tuple, int] = {}
         self._depth: dict[tuple[str, str], int] = {}
         self._ref: dict[tuple, tuple[float, float, float] | None] = {}
@@ -237,7 +238,10 @@ class Families:
         c.notes.append((ts, window, note))
         for i in range(len(note.gbs)):
             fk = (job, shape, note.src[i], note.dst[i])
-            self.fam.setdefault(fk, {})[comm] = (ts, note.gbs[i])
+            per = self.fam.setdefault(fk, {})
+            if comm not in per:
+                per[comm] = deque(maxlen=_KEEP)
+            per[comm].append((window, ts, note.gbs[i]))
             self._fam_upd[fk] = self._fam_upd.get(fk, 0) + 1
             for nic in ((note.src_host[i], note.src_nic[i]), (note.dst_host[i], note.dst_nic[i])):
                 self.nic_comms.setdefault((job, *nic), set()).add(comm)
@@ -249,18 +253,31 @@ class Families:
         rows = [r for cm in sorted(comms) for r in self._rows(job, cm, ts)]
         return self._blame(rows, mine)
 
-    def _median(self, fk: tuple, ts: int, span: int) -> float | None:
-        """The family's median cell (its communicators' latest recent notes). Computed
-        again once a tenth of the family sent new notes since (a median moves little
-        with a few more values; this keeps a window's notes linear in their number)."""
+    def _median(self, fk: tuple, start: int, end: int) -> float | None:
+        """The family's median cell over the same time as the window ``start``-``end``:
+        each communicator's window that overlaps it by half of the shorter of the two
+        (the same traffic at the same time: congestion of the whole fabric slows the
+        replicas alike). Computed again for another window, or once a tenth of the
+        family sent new notes since (a median moves little with a few more values;
+        this keeps a window's notes linear in their number)."""
         upd = self._fam_upd.get(fk, 0)
         got = self._fam_med.get(fk)
         vals = self.fam.get(fk, {})
-        if got is not None and upd - got[0] <= 0.1 * len(vals) and got[1] is not None:
-            return got[1]
-        xs = [g for t, g in vals.values() if ts - t <= 2 * span]
+        if (got is not None and got[1:3] == (start, end) and upd - got[0] <= 0.1 * len(vals)
+                and got[3] is not None):  # fmt: skip
+            return got[3]
+        xs = []
+        for wins in vals.values():
+            best, g_best = 0.0, 0.0
+            for s0, s1, g in wins:
+                over = min(end, s1) - max(start, s0)
+                need = 0.5 * max(1, min(end - start, s1 - s0))
+                if over >= need and over > best:
+                    best, g_best = over, g
+            if best > 0:
+                xs.append(g_best)
         med = median(xs) if len(xs) > _MIN_REPLICAS else None
-        self._fam_med[fk] = (upd, med)
+        self._fam_med[fk] = (upd, start, end, med)
         return med
 
     def _rows(self, job: str, comm: str, ts: int) -> list[tuple]:
@@ -270,10 +287,10 @@ class Families:
         n = None if cc is None else self._note_at(cc, ts)
         if n is None:
             return []
-        x, span = n[2], max(n[0] - n[1], 1)
+        x = n[2]
         out = []
         for i in range(len(x.gbs)):
-            m = self._median((job, cc.shape, x.src[i], x.dst[i]), ts, span)  # type: ignore[union-attr]
+            m = self._median((job, cc.shape, x.src[i], x.dst[i]), n[1], n[0])  # type: ignore[union-attr]
             if m is None or m <= 0:
                 continue
             out.append(((x.src_host[i], x.src_nic[i]), (x.dst_host[i], x.dst_nic[i]),
@@ -333,7 +350,9 @@ class Families:
         for fk in [k for k in self.fam if k[0] == job]:
             vals = self.fam[fk]
             old = [
-                cm for cm, (t, _) in vals.items() if t < now - max(horizon, 3 * spans.get(cm, 0))
+                cm
+                for cm, wins in vals.items()
+                if wins[-1][1] < now - max(horizon, 3 * spans.get(cm, 0))
             ]
             for cm in old:
                 del vals[cm]
