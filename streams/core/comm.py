@@ -63,7 +63,8 @@ Identities = Callable[[np.ndarray], tuple[list[str], list[int | None], list[str 
 """Rows (by number) → their host, GPU and NIC (None when absent) as lists, or None."""
 
 _TICK_US = 500_000  # how often (event time) detectors' tick runs; hangs cost O(ranks)
-_SCHEMA = 1
+_SCHEMA = 2
+_P2P_OPS = frozenset({"Send", "Recv", "send", "recv", "SendRecv"})
 
 
 class _RanksState(msgspec.Struct, array_like=True):
@@ -86,6 +87,20 @@ class _CommState(msgspec.Struct, array_like=True):
     model: NormalState
     detectors: dict[str, bytes]
     """Each detector's own checkpoint, by its name."""
+    p2p: bool | None = None
+    """Schema 2 on: the communicator carries Send/Recv (point-to-point) ops."""
+    window_start: int = -2
+    """Schema 2 on: where the open window started (-2: at ``window_idx`` windows)."""
+    window_seq: int = -1
+    """... the newest collective seen when it opened, and the newest seen since."""
+    seq_hi: int = -1
+
+
+def _migrate_1(body: list) -> list:
+    """Comm checkpoint schema 1 -> 2: point-to-point not known yet (read again from
+    the next op that carries connections); the open window counted in time only (its
+    start is ``window_idx`` windows; its collectives are counted from now on)."""
+    return [*body, None, -2, -1, -1]
 
 
 _RANK_ARRAYS = ("host_idx", "gpu", "nic_idx", "started", "completed", "inflight_us",
@@ -101,6 +116,14 @@ class CommDetector:
         self.view = CommView(comm, config)
         self.detectors: list[Detector] = build_detectors(config) if detectors is None else detectors
         self.window_idx = -1
+        """Windows of ``window_us`` since the epoch at the open window's last time
+        boundary (kept for the checkpoint; windows are counted in collectives too)."""
+        self.window_start = -1
+        """Event time the open window started at (-1: none yet)."""
+        self.window_seq = -1
+        """The newest collective seen when the open window started."""
+        self.seq_hi = -1
+        """The newest collective seen."""
         self.n_events = 0
         self._next_tick = 0
         self._census_hosts = 0
@@ -156,6 +179,10 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += len(events)
+        if v.p2p is None and ops:
+            v.p2p = ops[0].op in _P2P_OPS
+        if ops:
+            self.seq_hi = max(self.seq_hi, max(e.seq for e in ops))
         if ops and prog:  # one identity pass for the whole batch
             self._learn_identities(ops + prog, np.concatenate([ro, rp]))  # type: ignore[operator]
         else:
@@ -210,6 +237,10 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += c.n
+        if v.p2p is None and len(c.ro):  # ops come first in ``ident``: one object
+            v.p2p = c.ident[0].op in _P2P_OPS  # type: ignore[union-attr]
+        if c.distinct:
+            self.seq_hi = max(self.seq_hi, c.distinct[-1])
         self._learn_identities(c.ident, c.ident_rank, c.ident_cols, stamp=False)
         return out
 
@@ -246,7 +277,8 @@ class CommDetector:
             comm=v.comm, job=v.job, comm_name=v.comm_name, now=v.now, first_us=v.first_us,
             window_idx=self.window_idx, n_events=self.n_events, next_tick=self._next_tick,
             census_hosts=self._census_hosts, ranks=ranks, model=v.model.state(),
-            detectors={d.name: d.dump() for d in self.detectors},
+            detectors={d.name: d.dump() for d in self.detectors}, p2p=v.p2p,
+            window_start=self.window_start, window_seq=self.window_seq, seq_hi=self.seq_hi,
         )  # fmt: skip
         return ck.encode("comm", _SCHEMA, st)
 
@@ -256,7 +288,7 @@ class CommDetector:
         :class:`~streams.core.checkpoint.CheckpointError` for anything else (a pickle,
         corrupt or foreign bytes). Detectors configured now but absent from the
         checkpoint start fresh; ones no longer configured are dropped."""
-        st = ck.decode(data, "comm", {_SCHEMA: _CommState})
+        st = ck.decode(data, "comm", {_SCHEMA: _CommState}, {1: _migrate_1})
         want = build_detectors(config)
         dets = [
             load_detector(d.name, st.detectors[d.name], config) if d.name in st.detectors else d
@@ -265,6 +297,7 @@ class CommDetector:
         obj = cls(st.comm, config, dets)
         v = obj.view
         v.job, v.comm_name, v.now, v.first_us = st.job, st.comm_name, st.now, st.first_us
+        v.p2p = st.p2p
         t = RankTable(0)
         arrays = {k: ck.unpack(st.ranks.arrays[k]) for k in _RANK_ARRAYS if k in st.ranks.arrays}
         n = arrays["host_idx"].size if "host_idx" in arrays else 0
@@ -284,6 +317,10 @@ class CommDetector:
         for d in obj.detectors:
             d.grow(n)
         obj.window_idx, obj.n_events = st.window_idx, st.n_events
+        obj.window_start = (
+            st.window_idx * config.window_us if st.window_start == -2 else st.window_start
+        )
+        obj.window_seq, obj.seq_hi = st.window_seq, st.seq_hi
         obj._all_known = n > 0 and bool((t.host_idx >= 0).all())
         obj._next_tick, obj._census_hosts = st.next_tick, st.census_hosts
         return obj
@@ -384,6 +421,7 @@ class CommDetector:
                 t.last_op_ts[folded.last_rank] = folded.last_ts
                 t.last_op_seq[folded.last_rank] = folded.last_seq
             v.model.learn_ops(x)
+            v.model.note_peak(float(x.max()), v.now)
         else:
             k = len(ro)
             # period between consecutive collectives of one rank, by that rank's own
@@ -413,6 +451,7 @@ class CommDetector:
             t.last_op_ts[r[last]] = ts[last]
             t.last_op_seq[r[last]] = s[last]
             v.model.learn_ops(x)
+            v.model.note_peak(float(x.max()), v.now)
         if len(rp) and tables:
             t.started[rp] = st
             t.completed[rp] = cp
@@ -445,21 +484,46 @@ class CommDetector:
                            Census(hosts=list(t.hosts)))  # fmt: skip
 
     def _roll_window(self, new_now: int) -> Output:
+        """Close the open window when the clock reaches ``new_now``, if it is due.
+
+        Windows are counted in collectives as well as in time, so that a communicator
+        is judged over about the same evidence whatever its step: a window closes at
+        a ``window_us`` boundary once it holds ``window_min_collectives`` collectives
+        (the usual case: a communicator running a few collectives per second is judged
+        every ``window_us``); one with fewer (one collective per 46-s step) stays open
+        until it has them, up to ``window_max_us`` (silence); one running hundreds per
+        second closes as soon as it holds ``window_max_collectives``."""
         v, cfg = self.view, self.view.config
         w = cfg.window_us
         idx = new_now // w
-        if self.window_idx < 0 or v.first_us < 0:
+        if self.window_start < 0 or v.first_us < 0:
             self.window_idx = idx
+            self.window_start = idx * w
+            self.window_seq = self.seq_hi
             return []
-        if idx <= self.window_idx:
+        start = self.window_start
+        n = self.seq_hi - self.window_seq
+        if n >= cfg.window_max_collectives and v.now > start:
+            end = v.now  # many collectives: judged now, not at the next time boundary
+            nxt = v.now
+        elif idx > self.window_idx and (
+            n >= cfg.window_min_collectives or new_now - start >= cfg.window_max_us
+        ):
+            end = max(start + 1, (self.window_idx + 1) * w)  # the boundary just passed
+            nxt = idx * w
+        else:
+            if idx > self.window_idx:
+                self.window_idx = idx  # the time boundary passed with too few: stay open
             return []
-        start, end = self.window_idx * w, (self.window_idx + 1) * w
-        learn = start >= v.first_us + cfg.warmup_us - w
+        # learn past the start of the warm-up's last window; judge past the warm-up
+        learn = start >= v.first_us + cfg.warmup_us - max(w, end - start)
         window = Window(start, end, learn, learn and end - v.first_us >= cfg.warmup_us)
         out: Output = []
         for d in self.detectors:
             out += d.close_window(v, window)
         self.window_idx = idx
+        self.window_start = nxt
+        self.window_seq = self.seq_hi
         return out
 
     def _verdicts(self, out: Output) -> list[Verdict]:

@@ -90,7 +90,18 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """Settings of the ``river`` detector (used when it is listed in ``detectors``)."""
 
     window_us: int = 5_000_000
-    """Event-time window over which straggler and slow-connection evidence is judged."""
+    """Event-time window over which straggler and slow-connection evidence is judged, when
+    it holds ``window_min_collectives`` (windows are counted in collectives too)."""
+    window_min_collectives: int = 5
+    """A window closes at a ``window_us`` boundary only once it holds this many of its
+    communicator's collectives: one collective per 46-s step is judged over a few
+    steps, not over a window holding one."""
+    window_max_collectives: int = 256
+    """... and closes as soon as it holds this many (hundreds per second: judged in a
+    fraction of a window; at least one batch, as exporters send them)."""
+    window_max_us: int = 600_000_000
+    """... and closes after this long whatever it holds (a communicator gone quiet; 5
+    steps of 120 s)."""
     warmup_us: int = 5_000_000
     """Job start-up: no verdicts until a communicator has been seen this long."""
 
@@ -121,6 +132,22 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """... and its peers waited at least this fraction longer than it, on median."""
     straggler_min_z: float = 4.0
     """... and its lateness stands this many robust standard deviations above the others."""
+    straggler_min_share: float = 0.02
+    """... and the wait it causes its peers is at least this share of the time between two
+    collectives (the step it costs the job), at ``straggler_confidence_z``: GPUs differ
+    by about 1 % (power and clock binning), which is never isolated."""
+    straggler_confidence_z: float = 1.645
+    """Standard errors below the mean wait that must still clear ``straggler_min_share``
+    (1.645: 95 % one-sided)."""
+    straggler_long_decay: float = 0.8
+    """Per window, the weight left on the longer evidence (about five windows): a GPU
+    late on a minority of steps is judged on it."""
+    straggler_long_min_seqs: int = 40
+    """Collectives (decayed) of longer evidence needed to call a rank intermittently late."""
+    straggler_long_last_frac: float = 0.2
+    """... which arrived last in at least this fraction of them (and twice its share)."""
+    straggler_long_min_late: float = 16.0
+    """... and in this many more of them than chance would make it (1 in the ranks)."""
 
     # --- slow connection ---------------------------------------------------------
     conn_sample_every: int = 2
@@ -133,6 +160,11 @@ class DetectConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """A connection is slow below this fraction of its communicator's median throughput."""
     slow_min_cells: int = 3
     """Inter-host connections per window needed before the throughput matrix is judged."""
+    family_max_cells: int = 8
+    """A communicator with fewer inter-host connections than this (a pipeline pair, a
+    ring of a few hosts, where one slow NIC is a third of the matrix or more) also sends
+    its cells, to be judged against the same cells of the communicators of its shape
+    (``streams.core.family``)."""
 
     def __post_init__(self) -> None:
         dup = sorted({d for d in self.detectors if self.detectors.count(d) > 1})
@@ -172,11 +204,13 @@ class PolicyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     host_wait_us: int = 3_000_000
     """A non-communication hang naming one GPU waits up to this long after its first
     verdict for the host's other GPUs: when two or more stop, the command names the host."""
-    job_wide_frac: float = 0.25
+    job_wide_frac: float = 0.1
     """Hangs on more than this fraction of a job's hosts (and more than
     ``job_wide_min_hosts``), starting within ``job_wide_window_us`` of each other, are a
     job-wide stop (checkpoint, storage, planned stop), not a faulty component: they are
-    reported ``alert_only``."""
+    reported ``alert_only``. One faulty component stops one host;
+    a pipeline stage of 8 hosts caught behind together by a checkpoint is a quarter of a
+    4-stage job, so the bar is a tenth (and ``job_wide_min_hosts``), not a quarter."""
     job_wide_min_hosts: int = 3
     job_wide_window_us: int = 5_000_000
     slow_min_windows: int = 2

@@ -55,11 +55,14 @@ import msgspec
 from streams.commands import Action, IsolationCommand
 from streams.core import checkpoint as ck
 from streams.core.config import PolicyConfig
+from streams.core.family import Families, FamiliesState
 from streams.core.findings import (
+    Cells,
     Census,
     CommHangEvidence,
     Evidence,
     HangEvidence,
+    PairWait,
     Silent,
     SlowEvidence,
     StragglerEvidence,
@@ -68,7 +71,7 @@ from streams.core.findings import (
     evidence_of,
     observation_of,
 )
-from streams.core.stats import stable_id
+from streams.core.stats import slow_score, stable_id
 from streams.verdicts import Verdict
 
 __all__ = ["HostCorrelator", "LateEvidence"]
@@ -76,6 +79,12 @@ __all__ = ["HostCorrelator", "LateEvidence"]
 _HANGS = ("noncomm_hang", "comm_hang")
 _WAIT_MEMORY_US = 15_000_000  # a "waiting" note clears a GPU for this long
 _MAX_ENTRIES = 256
+_Wait = tuple[int, int, float, tuple[tuple[str, int], ...] | None, bool, int]
+
+
+def _span(ts: int, window_start: int) -> int:
+    """How long a verdict's window was (windows follow their communicator's pace)."""
+    return max(0, ts - window_start)
 
 
 class LateEvidence(ValueError):
@@ -129,9 +138,10 @@ class HostCorrelator:
         self.clock: dict[str, int] = {}
         """Event time per job: newest verdict ``ts_us`` or advance() for that job."""
         self.episodes: dict[tuple[str, str, str], _Episode] = {}
-        self.waiting: dict[tuple[str, str, int, str], dict[str, tuple[int, int, float]]] = {}
-        """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms)}: where a GPU
-        was seen waiting (held up by a hang, a straggler or a slow ring)."""
+        self.waiting: dict[tuple[str, str, int, str], dict[str, _Wait]] = {}
+        """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms, whom it waited
+        for, the communicator as a whole slow)}: where a GPU was seen waiting (held up
+        by a hang, a straggler or a slow ring)."""
         self._waiting_last: dict[tuple[str, str, int, str], int] = {}
         """Newest note per key of ``waiting`` (pruning reads this, not every note)."""
         self.silent: dict[tuple[str, str], dict[int, int]] = {}
@@ -143,6 +153,11 @@ class HostCorrelator:
         job's size), or the largest communicator a verdict came from."""
         self.job_host_names: dict[str, set[str]] = {}
         self.suppressed = 0
+        self.families = Families()
+        """Pipeline chains and the cell families of small communicators, per job."""
+        self.slow_comms: dict[tuple[str, str], int] = {}
+        """(job, comm) -> last ts of a slow NIC/link found on it (a GPU held up in a slow
+        communicator waited for its connections, not for nobody)."""
         self.roles: dict[tuple[str, int, int, int], dict[str, int]] = {}
         """(job, comm hosts, ranks, position) -> {suspect host: last ts}: straggler
         findings per rank position of communicators of one shape. The same position
@@ -185,8 +200,18 @@ class HostCorrelator:
                 for g in note.gpus:
                     gone[int(g)] = v.ts_us
                 return []
+            if isinstance(note, PairWait):
+                self.families.observe_pair(v.job, v.comm, v.ts_us, v.window_start_us, note)
+                return []
+            if isinstance(note, Cells):
+                return self._cells(v, note)
             if isinstance(note, Waiting):
                 extra = note.extra_ms or [0.0] * len(note.gpus)
+                culprits = (
+                    None
+                    if note.waited_for is None
+                    else tuple((str(h), int(g)) for h, g in note.waited_for)
+                )
                 for g, x in zip(note.gpus, extra, strict=False):
                     wkey = (v.job, v.host, int(g), v.fault)
                     notes = self.waiting.setdefault(wkey, {})
@@ -194,12 +219,17 @@ class HostCorrelator:
                     notes[v.comm] = (
                         first,
                         v.ts_us,
-                        max(float(x), notes.get(v.comm, (0, 0, 0.0))[2]),
+                        max(float(x), notes[v.comm][2] if v.comm in notes else 0.0),
+                        culprits,
+                        note.comm_slow,
+                        _span(v.ts_us, v.window_start_us),
                     )
-                    if v.ts_us >= self._waiting_last.get(wkey, -1):  # in order: the usual case
-                        self._waiting_last[wkey] = v.ts_us
+                    # kept for the memory plus its window (long steps: long windows)
+                    until = v.ts_us + _span(v.ts_us, v.window_start_us)
+                    if until >= self._waiting_last.get(wkey, -1):  # in order: the usual case
+                        self._waiting_last[wkey] = until
                     else:
-                        self._waiting_last[wkey] = max(n[1] for n in notes.values())
+                        self._waiting_last[wkey] = max(n[1] + n[5] for n in notes.values())
             return []
         key = (v.job, v.host, v.fault)
         ep = self.episodes.get(key)
@@ -208,6 +238,8 @@ class HostCorrelator:
         comp = (v.gpu, v.nic, v.peer_host)
         ev = evidence_of(v.fault, v.evidence)
         intra = ev.comm_hosts == 1
+        if v.fault in ("slow_nic", "slow_link"):
+            self.slow_comms[(v.job, v.comm)] = v.ts_us
         ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, ev))
         if isinstance(ev, StragglerEvidence) and ev.position >= 0:
             self._note_role(v.job, v.host, v.ts_us, ev)
@@ -241,7 +273,7 @@ class HostCorrelator:
     def from_bytes(cls, data: bytes, config: PolicyConfig) -> HostCorrelator:
         """The correlator back from :meth:`to_bytes`; raises
         :class:`~streams.core.checkpoint.CheckpointError` for anything else."""
-        st = ck.decode(data, "correlator", {_SCHEMA: _CorrelatorState})
+        st = ck.decode(data, "correlator", {_SCHEMA: _CorrelatorState}, {1: _migrate_1})
         try:
             return _from_state(st, cls(config))
         except ValueError as err:  # evidence of a wrong type inside the checkpoint
@@ -255,7 +287,7 @@ class HostCorrelator:
         for key in [
             k
             for k, ep in self.episodes.items()
-            if k[0] in jobs and ep.entries[-1].ts < clock[k[0]] - h
+            if k[0] in jobs and not self._alive(ep.entries[-1], clock[k[0]])
         ]:
             if not ep_in_cooldown(self, key):
                 del self.episodes[key]
@@ -273,6 +305,10 @@ class HostCorrelator:
             del self.silent[k]
         for k in [k for k, t in self.cooldown.items() if k[0] in jobs and t < clock[k[0]]]:
             del self.cooldown[k]
+        for k in [k for k, t in self.slow_comms.items() if k[0] in jobs and t < clock[k[0]] - h]:
+            del self.slow_comms[k]
+        for j in jobs:
+            self.families.prune(j, clock[j], h)
         for k, seen in list(self.roles.items()):
             if k[0] not in jobs:
                 continue
@@ -298,10 +334,15 @@ class HostCorrelator:
         cut = self.clock.get(job, -1) - self.config.horizon_us
         return sum(1 for ts in seen.values() if ts >= cut) >= self.config.role_replicas
 
+    def _alive(self, e: _Entry, now: int) -> bool:
+        """Evidence is kept for the horizon, or three of its windows when they are
+        longer (a communicator with long steps has long windows)."""
+        return e.ts >= now - max(self.config.horizon_us, 3 * _span(e.ts, e.window))
+
     def _live(self, key: tuple[str, str, str], ep: _Episode) -> list[_Entry]:
-        cut = self.clock[key[0]] - self.config.horizon_us
+        now = self.clock[key[0]]
         job, host, fault = key
-        out = [e for e in ep.entries if e.ts >= cut]
+        out = [e for e in ep.entries if self._alive(e, now)]
         if fault in ("noncomm_hang", "straggler"):
             out = [e for e in out if not self._victim(job, host, fault, e)]
         if fault == "straggler":
@@ -313,18 +354,75 @@ class HostCorrelator:
             out = [e for e in out if len(shapes[e.comp[0]]) > 1 or not self._role(job, e)]
         return out
 
+    def _cells(self, v: Verdict, note: Cells) -> list[IsolationCommand]:
+        """A small communicator's cells: judged with its family; what they show slow
+        becomes evidence like a slow-connection finding of that communicator."""
+        facts = comm_facts(v.evidence)
+        shape = (facts.nranks, facts.comm_hosts, note.size_log2 * 2 + int(note.p2p))
+        out: list[IsolationCommand] = []
+        for sc in self.families.observe_cells(v.job, v.comm, v.ts_us, v.window_start_us, note,
+                                              shape):  # fmt: skip
+            fault = "slow_nic" if sc.kind == "nic" else "slow_link"
+            ev = SlowEvidence(
+                comm_name=facts.comm_name, comm_hosts=facts.comm_hosts, nranks=facts.nranks,
+                throughput_ratio=round(sc.ratio, 3), cells=sc.cells,
+                median_gbs=round(sc.median_gbs, 3),
+                family="pipeline pairs" if note.p2p else "communicators of its shape",
+            )  # fmt: skip
+            score = slow_score(sc.ratio, self.families.slow_ratio)
+            key = (v.job, sc.host, fault)
+            ep = self.episodes.get(key)
+            if ep is None:
+                ep = self.episodes[key] = _Episode(first_window=v.window_start_us)
+            comp = (None, sc.nic, sc.peer_host)
+            ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, score, comp, False, ev))
+            self.slow_comms[(v.job, v.comm)] = v.ts_us
+            cmd = self._decide(key, ep)
+            if cmd:
+                out.append(cmd)
+        return out
+
+    def _stage_text(self, job: str, host: str, gpu: int, ts: int) -> str:
+        """What its pipeline neighbours say, when they waited for this GPU's stage."""
+        ws = self.families.waited_for(job, host, gpu, ts)
+        if not ws:
+            return ""
+        peers = ", ".join(sorted({f"{w.peer_host} GPU {w.peer_gpu}" for w in ws}))
+        worst = max(ws, key=lambda w: w.excess_ms)
+        return (
+            f" Its pipeline stage is the one its neighbours wait for: {peers} spent "
+            f"{worst.excess_ms:.1f} ms more per transfer than the same stage of the other "
+            "pipeline replicas."
+        )
+
     def _victim(self, job: str, host: str, fault: str, e: _Entry) -> bool:
-        """A GPU that waits in some other collective is a victim, not the cause: a hang
-        holds its peers inside collectives; a straggler's (or a slow ring's) delay shows
-        as extra kernel time in the communicator where the GPU waited."""
+        """A GPU is cleared of blame only by evidence that it waited for someone else
+        who is itself late: a hang holds its peers inside collectives; a straggler's
+        delay shows as extra kernel time in the communicator where the GPU waited for
+        it (a note naming whom: the straggler that communicator found, or its slow
+        connections); at its end of a pipeline pair, a GPU waited for its neighbour
+        stage only when it spent clearly more than the same end of the pairs across the
+        same stage boundary in the other replicas — the bubbles themselves are the
+        schedule and clear nobody."""
         if e.comp[0] is None or (isinstance(e.ev, HangEvidence) and e.ev.silent):
             return False
-        notes = self.waiting.get((job, host, e.comp[0], fault), {})
-        for comm, (first, last, extra_ms) in notes.items():
-            if comm == e.comm or not first - _WAIT_MEMORY_US <= e.ts <= last + _WAIT_MEMORY_US:
+        gpu = e.comp[0]
+        if fault == "straggler" and self.families.waited(job, host, gpu, e.ts):
+            return True
+        notes = self.waiting.get((job, host, gpu, fault), {})
+        for comm, (first, last, extra_ms, culprits, comm_slow, span) in notes.items():
+            mem = _WAIT_MEMORY_US + span
+            if comm == e.comm or not first - mem <= e.ts <= last + mem:
                 continue
             late_ms = e.ev.late_ms if isinstance(e.ev, StragglerEvidence) else 0.0
-            if fault != "straggler" or extra_ms >= 0.5 * late_ms:
+            if fault == "straggler" and extra_ms < 0.5 * late_ms:
+                continue
+            if culprits is None:  # a note of an older worker: read as before
+                return True
+            if any(c != (host, gpu) for c in culprits):
+                return True
+            slow_at = self.slow_comms.get((job, comm), -1)
+            if comm_slow and slow_at >= 0 and abs(slow_at - e.ts) <= mem:
                 return True
         return False
 
@@ -348,7 +446,7 @@ class HostCorrelator:
         comms = {e.comm for e in best.values()}
         if fault in _HANGS:
             first = min(e.ts for e in live)
-            if total < cfg.hang_min_score or now - first < cfg.hang_settle_us:
+            if total < cfg.hang_min_score or now - first < _settle(cfg, live):
                 return None
             # one GPU so far: wait a little for the host's other communicators, which
             # tell a dead host (every GPU stops) from one hung process
@@ -359,6 +457,10 @@ class HostCorrelator:
         elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
             return None
         comp, chosen = self._component(fault, list(best.values()))
+        if fault in ("slow_nic", "slow_link") and (
+            len({e.window for e in chosen}) < cfg.slow_min_windows
+        ):  # the windows must be the chosen component's own, not other links' of the host
+            return None
         if fault == "straggler" and _gpu_unclear(comp, list(best.values())):
             # the host is late in communicators across hosts on several GPUs alike
             # (one slow GPU holds its host-mates up): its host's own communicator names
@@ -405,7 +507,7 @@ class HostCorrelator:
                 continue
             if total < cfg.hang_min_score:
                 continue
-            at = max(e.ts, first + cfg.hang_settle_us)
+            at = max(e.ts, first + _settle(cfg, live))
             if fault == "noncomm_hang":
                 n = len({b.comp[0] for b in best.values() if b.comp[0] is not None})
                 if n < 2 and n + len(silent) >= 2:  # silence notes make it two GPUs
@@ -423,7 +525,13 @@ class HostCorrelator:
         evidence that is not explained by waiting shows up on many hosts together.
         """
         cfg = self.config
-        lo, hi = first_ts - cfg.job_wide_window_us, first_ts + cfg.job_wide_window_us
+        # within the window, or the hang threshold of the communicators when longer:
+        # with long steps each communicator calls its hang later, seconds apart
+        thr = max((e.ev.threshold_s for (j, _, f), ep in self.episodes.items() if j == job
+                   and f in _HANGS for e in ep.entries
+                   if isinstance(e.ev, (HangEvidence, CommHangEvidence))), default=0.0)  # fmt: skip
+        span = max(cfg.job_wide_window_us, int(thr * 1e6))
+        lo, hi = first_ts - span, first_ts + span
         hosts = set()
         for (j, h, f), ep in self.episodes.items():
             if j != job or f not in _HANGS:
@@ -437,7 +545,7 @@ class HostCorrelator:
             return ""
         return (
             f" Not isolated: {len(hosts)} of {n_hosts} hosts of the job stopped within "
-            f"{cfg.job_wide_window_us / 1e6:.0f} s of each other, a job-wide stop "
+            f"{span / 1e6:.0f} s of each other, a job-wide stop "
             "(checkpoint, storage, planned stop) rather than one faulty component."
         )
 
@@ -514,7 +622,10 @@ class HostCorrelator:
             "all_windows": len(windows),
         }
         silent = self._silent_gpus(job, host, w0) if fault == "noncomm_hang" else set()
-        reason = _reason(fault, host, comp, chosen, w0, w1, silent) + rail
+        reason = _reason(fault, host, comp, chosen, w0, w1, silent)
+        if fault == "straggler" and comp[0] is not None:
+            reason += self._stage_text(job, host, comp[0], at)
+        reason += rail
         return IsolationCommand(
             id=cid,
             ts_us=at,
@@ -530,6 +641,16 @@ class HostCorrelator:
             peer_host=peer,
             dry_run=cfg.dry_run,  # explicit: an actuator treats an absent dry_run as true
         )
+
+
+def _settle(cfg: PolicyConfig, live: list[_Entry]) -> int:
+    """How long a hang waits after its first verdict to hear every communicator: the
+    policy's settle time, or the hang threshold of its communicators when longer (with
+    long steps each communicator calls its hang later, seconds apart, and a job-wide
+    stop shows on many hosts only after that)."""
+    thr = max((e.ev.threshold_s for e in live if not e.ev.snapshot  # one moment, all heard
+               and isinstance(e.ev, (HangEvidence, CommHangEvidence))), default=0.0)  # fmt: skip
+    return max(cfg.hang_settle_us, int(thr * 1e6))
 
 
 def _gpu_unclear(comp: tuple, entries: list[_Entry]) -> bool:
@@ -591,6 +712,15 @@ def _reason(
                     "communicator inside the host names one GPU."
                 )
         who = f"{host} GPU {gpu}" if gpu is not None else host
+        if st and all(x.intermittent for x in st):
+            late = _median([x.late_ms for x in st])
+            share = _median([x.step_share or 0.0 for x in st])
+            return (
+                f"{who} is intermittently late: it arrived last in {last:.0%} of {n} "
+                f"collectives on {on} over {span} (on a minority of steps), its peers then "
+                f"waiting {late:.1f} ms for it, {share:.0%} of the step or more overall; a "
+                "GPU that slows down now and then (check its clocks, temperature and power)."
+            )
         return (
             f"{who} is a straggler: it arrived last in {last:.0%} of {n} "
             f"collectives on {on} over {span}, {wait}."
@@ -639,19 +769,31 @@ def _reason(
         )
     ratio = _median([e.ev.throughput_ratio for e in es if isinstance(e.ev, SlowEvidence)])
     windows = len({e.window for e in es})
+    fams = sorted({e.ev.family for e in es if isinstance(e.ev, SlowEvidence) and e.ev.family})
+    against = f" (against the same connection of the other {' and '.join(fams)})" if fams else ""
     if fault == "slow_nic":
         return (
             f"{host} {nic} is slow: its connections moved {ratio:.0%} of their peers' "
-            f"median throughput in {_plural(windows, 'window')} over {span} on {on}."
+            f"median throughput in {_plural(windows, 'window')} over {span} on {on}{against}."
         )
     return (
         f"link {host} {nic} -> {peer} is slow: it moved {ratio:.0%} of the median "
-        f"throughput in {_plural(windows, 'window')} over {span} on {on}."
+        f"throughput in {_plural(windows, 'window')} over {span} on {on}{against}."
     )
 
 
 # ---------------------------------------------------------------------- checkpoints
-_SCHEMA = 1
+_SCHEMA = 2
+
+
+def _migrate_1(body: list) -> list:
+    """Correlator checkpoint schema 1 -> 2: waiting notes of schema 1 did not say whom
+    they waited for (read as older workers' notes); no pipeline or cell families yet
+    (learned again from the next windows' notes)."""
+    body = list(body)
+    body[2] = [[*w, None, False, 0] for w in body[2]]  # waiting
+    clock = body[10] if len(body) > 10 else {}
+    return [*body[:10], clock, [[], []], []]
 
 
 class _EntryState(msgspec.Struct, array_like=True):
@@ -678,8 +820,11 @@ class _EpisodeState(msgspec.Struct, array_like=True):
 class _CorrelatorState(msgspec.Struct, array_like=True):
     now: int
     episodes: list[_EpisodeState]
-    waiting: list[tuple[str, str, int, str, str, int, int, float]]
-    """(job, host, gpu, fault, comm, first ts, last ts, extra ms)"""
+    waiting: list[
+        tuple[str, str, int, str, str, int, int, float, list[tuple[str, int]] | None, bool, int]
+    ]
+    """(job, host, gpu, fault, comm, first ts, last ts, extra ms, whom it waited for,
+    communicator slow, its window's span)"""
     silent: list[tuple[str, str, int, int]]
     cooldown: list[tuple[str, str, int]]
     isolated: dict[str, list[int]]
@@ -691,6 +836,8 @@ class _CorrelatorState(msgspec.Struct, array_like=True):
     clock: dict[str, int] = {}
     """Event time per job (``now`` is their newest; a checkpoint without this field
     gives every job ``now``)."""
+    families: FamiliesState = msgspec.field(default_factory=FamiliesState)
+    slow_comms: list[tuple[str, str, int]] = []
 
 
 def _state_of(c: HostCorrelator) -> _CorrelatorState:
@@ -705,7 +852,20 @@ def _state_of(c: HostCorrelator) -> _CorrelatorState:
     return _CorrelatorState(
         now=c.now,
         episodes=eps,
-        waiting=[(*k, comm, *v) for k, t in c.waiting.items() for comm, v in t.items()],
+        waiting=[
+            (
+                *k,
+                comm,
+                v[0],
+                v[1],
+                v[2],
+                None if v[3] is None else [list(x) for x in v[3]],
+                v[4],
+                v[5],
+            )
+            for k, t in c.waiting.items()
+            for comm, v in t.items()
+        ],
         silent=[(*k, g, ts) for k, t in c.silent.items() for g, ts in t.items()],
         cooldown=[(*k, ts) for k, ts in c.cooldown.items()],
         isolated={j: list(q) for j, q in c.isolated.items()},
@@ -714,6 +874,8 @@ def _state_of(c: HostCorrelator) -> _CorrelatorState:
         suppressed=c.suppressed,
         roles=[(*k, h, ts) for k, t in c.roles.items() for h, ts in t.items()],
         clock=dict(c.clock),
+        families=c.families.state(),
+        slow_comms=[(*k, ts) for k, ts in c.slow_comms.items()],
     )
 
 
@@ -727,9 +889,12 @@ def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
                 _Entry(e.ts, e.comm, e.window, e.score, (e.gpu, e.nic, e.peer), e.intra, ev)
             )
         c.episodes[(es.job, es.host, es.fault)] = ep
-    for job, host, gpu, fault, comm, first, last, extra in st.waiting:
-        c.waiting.setdefault((job, host, gpu, fault), {})[comm] = (first, last, extra)
-    c._waiting_last = {k: max(x[1] for x in t.values()) for k, t in c.waiting.items()}
+    for job, host, gpu, fault, comm, first, last, extra, culprits, slow, span in st.waiting:
+        who = None if culprits is None else tuple((str(h), int(g)) for h, g in culprits)
+        c.waiting.setdefault((job, host, gpu, fault), {})[comm] = (
+            first, last, extra, who, slow, span,
+        )  # fmt: skip
+    c._waiting_last = {k: max(x[1] + x[5] for x in t.values()) for k, t in c.waiting.items()}
     for job, host, gpu, ts in st.silent:
         c.silent.setdefault((job, host), {})[gpu] = ts
     c.cooldown = {(job, host): ts for job, host, ts in st.cooldown}
@@ -737,6 +902,8 @@ def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
     c.job_hosts = dict(st.job_hosts)
     c.job_host_names = {j: set(n) for j, n in st.job_host_names.items()}
     c.suppressed = st.suppressed
+    c.families.load(st.families)
+    c.slow_comms = {(job, comm): ts for job, comm, ts in st.slow_comms}
     for job, hosts, nranks, pos, host, ts in st.roles:
         c.roles.setdefault((job, hosts, nranks, pos), {})[host] = ts
     if not st.clock and st.now >= 0:  # written before per-job clocks: one clock for all

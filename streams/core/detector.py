@@ -122,13 +122,27 @@ class CommView:
         self.model = NormalModel()
         self.now = -1
         self.first_us = -1
+        self.p2p: bool | None = None
+        """Its ops are Send/Recv (a pipeline pair), read from the first op object seen
+        (ops that carry connections always come as objects); None: not known yet."""
 
     @property
     def label(self) -> str:
         return self.comm_name or self.comm
 
     def warm(self) -> bool:
-        return self.now - self.first_us >= self.config.warmup_us
+        """Past the warm-up: seen ``warmup_us``, and past its first
+        ``window_min_collectives`` collectives (what is normal for it, its period
+        included, is learned from them: a 10-s step has one or two in 5 s), or seen
+        ``window_max_us`` whatever it did."""
+        cfg, age = self.config, self.now - self.first_us
+        if age < cfg.warmup_us:
+            return False
+        if age >= cfg.window_max_us or not self.ranks.n:
+            return True
+        t = self.ranks  # collectives done: by op events, or by progress counters
+        done = max(int(t.last_op_seq.max()) + 1, int(t.completed.max()))
+        return done >= cfg.window_min_collectives
 
     def who(self, rank: int) -> str:
         t = self.ranks

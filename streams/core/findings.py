@@ -33,6 +33,8 @@ __all__ = [
     "HangEvidence",
     "Note",
     "Observation",
+    "PairWait",
+    "Cells",
     "RiverEvidence",
     "Silent",
     "SlowEvidence",
@@ -103,6 +105,11 @@ class StragglerEvidence(Evidence, kw_only=True):
     position: int = -1
     """Its rank in the communicator: a role (the same position late in every replica of
     a communicator) is told from a faulty GPU by it."""
+    step_share: float | None = None
+    """The wait it caused its peers, as a share of the time between two collectives
+    (lower confidence bound; see docs/detectors.md). None: not measured."""
+    intermittent: bool = False
+    """Found on the decayed evidence of the last windows: late on a minority of steps."""
     arrival: str = "kernel_time"
     """How arrival order was read: ``kernel_time`` (durations) or, in snapshots without
     timing, ``enqueue_time``."""
@@ -114,6 +121,13 @@ class SlowEvidence(Evidence, kw_only=True):
     throughput_ratio: float = 1.0
     cells: int = 0
     median_gbs: float = 0.0
+    only_peer: str | None = None
+    """Every slow cell of this NIC joins it to this one host, whose NIC has no other
+    connection here either: this communicator cannot tell the two ends apart (the
+    correlator asks the NIC's other communicators)."""
+    family: str | None = None
+    """Judged against the same cell of communicators of one shape (e.g. the pipeline
+    pairs across one stage boundary), not within one communicator's matrix."""
 
 
 class RiverEvidence(StragglerEvidence, kw_only=True):
@@ -175,15 +189,60 @@ class Waiting(msgspec.Struct, kw_only=True, tag_field="role", tag="waiting"):
     target_collective: int | None = None
     extra_ms: list[float] | None = None
     """Per GPU, the extra time per collective (straggler detector's notes)."""
+    waited_for: list[tuple[str, int]] | None = None
+    """Whom they waited for, as (host, GPU): the stragglers this communicator found in
+    the same window. Empty: nobody known to be late (e.g. a pipeline bubble: waiting
+    by schedule), which clears nobody. None: a note from an older worker (read as
+    before: it clears)."""
+    comm_slow: bool = False
+    """The communicator as a whole ran clearly slower than its learned normal (a slow
+    ring or link held everybody up): clears them when that communicator's own slow
+    connection is found."""
 
 
-Note = Census | Silent | Waiting
+class PairWait(msgspec.Struct, kw_only=True, tag_field="role", tag="pair"):
+    """A two-rank communicator's window (e.g. a pipeline Send/Recv pair): who is at
+    each end and how long each spent per collective, so the correlator can compare it
+    with the pairs that cross the same stage boundary in the other pipeline replicas
+    (its bubbles are normal there too)."""
+
+    hosts: list[str] = []
+    gpus: list[int] = []
+    exec_ms: list[float] = []
+    """Mean kernel time per collective of rank 0 and rank 1."""
+    collectives: int = 0
+    period_ms: float = 0.0
+    """The communicator's learned time between collectives (one rank's own clock)."""
+
+
+class Cells(msgspec.Struct, kw_only=True, tag_field="role", tag="cells"):
+    """The inter-host connections of a communicator too small to judge its own
+    throughput matrix (a pipeline pair, a two-host ring): per directed cell sender ->
+    receiver its throughput this window, compared by the correlator with the same cell
+    of the other communicators of one shape. Parallel lists, one entry per cell."""
+
+    src: list[int] = []
+    dst: list[int] = []
+    """Rank positions of each cell's sender and receiver."""
+    src_host: list[str] = []
+    src_nic: list[str | None] = []
+    dst_host: list[str] = []
+    dst_nic: list[str | None] = []
+    gbs: list[float] = []
+    """GB/s the cell moved this window."""
+    size_log2: int = 0
+    """Mean bytes per connection record, log2 rounded (throughput depends on it)."""
+    p2p: bool = False
+    """Point-to-point (Send/Recv) traffic, not a collective."""
+
+
+Note = Census | Silent | Waiting | PairWait | Cells
 
 
 def observation_of(evidence: dict[str, Any]) -> Note | None:
     """The typed note of a benign verdict; ``None`` for a benign verdict without a role
     (e.g. from an older worker)."""
-    if evidence.get("role") not in ("census", "silent", "waiting"):
+    if evidence.get("role") not in ("census", "silent", "waiting", "pair", "cells"):
         return None
     try:
         return msgspec.convert(evidence, Note)  # type: ignore[arg-type]

@@ -37,7 +37,15 @@ from streams.core import checkpoint as ck
 from streams.core.config import DetectConfig, RiverConfig
 from streams.core.detector import Batch, CommView, Output, Window
 from streams.core.findings import Finding, RiverEvidence
-from streams.core.straggler import AlignerState, SeqAligner, aligner_from_state, aligner_state
+from streams.core.straggler import (
+    AlignerState,
+    SeqAligner,
+    aligner_from_state,
+    aligner_state,
+    migrate_aligner_1,
+    pair_note,
+    wait_share,
+)
 
 if TYPE_CHECKING:
     from river.base import AnomalyDetector
@@ -80,7 +88,8 @@ class RiverDetector:
     """Stragglers by a river anomaly model over per-rank window features."""
 
     name: ClassVar[str] = "river"
-    _SCHEMA: ClassVar[int] = 1
+    _SCHEMA: ClassVar[int] = 2
+    """2: the aligner keeps its squared waits (the effect-size bar)."""
 
     def __init__(self, config: DetectConfig) -> None:
         self.config = config
@@ -109,10 +118,15 @@ class RiverDetector:
         out: Output = []
         if window.learn:
             self.aligner.close_due(window.end)
+            a = self.aligner
+            if window.judge and a.n == 2 and view.p2p:  # a pipeline pair: its note
+                span = window.end - window.start
+                period = span / a.window_n_seqs if a.window_n_seqs else 0.0
+                out = pair_note(view, a, window.start, window.end, period)
             feats = self._features()
             if feats is not None:
                 if window.judge and self.history:
-                    out = self._judge(view, feats, window)
+                    out += self._judge(view, feats, window)
                 self.history.append(feats)
                 del self.history[: -self.config.river.history_windows]
         self.aligner.reset_window()
@@ -124,7 +138,7 @@ class RiverDetector:
 
     @classmethod
     def load(cls, data: bytes, config: DetectConfig) -> RiverDetector:
-        st = ck.decode(data, cls.name, {cls._SCHEMA: _RiverState})
+        st = ck.decode(data, cls.name, {cls._SCHEMA: _RiverState}, {1: migrate_aligner_1})
         d = cls(config)
         d.aligner = aligner_from_state(st.aligner, config)
         d.history = [ck.unpack(h) for h in st.history]
@@ -162,9 +176,18 @@ class RiverDetector:
         n_seq = np.maximum(a.n_seq, 1)
         peer_x = np.exp(a.lat_sum / n_seq)
         frac = a.n_last / n_seq
+        # the model ranks; the bar every straggler detector meets decides: the wait the
+        # rank causes is, with confidence, a clear share of the step (a static spread of
+        # about 1 % between healthy GPUs never is)
+        cfg = self.config
+        span = window.end - window.start
+        period = span / a.window_n_seqs if a.window_n_seqs else 0.0
+        share = wait_share(a.n_seq.astype(np.float64), a.late_us_sum, a.late_us_sq, period,
+                           cfg.straggler_confidence_z)  # fmt: skip
         cand = np.flatnonzero(
             np.isfinite(feats).all(axis=1) & (peer_x >= rcfg.min_peer_time_x) & (frac >= 0.5)
-        )
+            & (share >= cfg.straggler_min_share) & (period > 0)
+        )  # fmt: skip
         out: Output = []
         for r in cand.tolist():
             row = [float(v) for v in feats[r]]
@@ -176,7 +199,8 @@ class RiverDetector:
             reason = (
                 f"{view.who(r)} scored {score:.2f} on {rcfg.model} over its window features "
                 f"(lateness {row[0]:.2f}, last in {frac[r]:.0%} of {int(a.n_seq[r])} "
-                f"collectives; its peers spent {peer_x[r]:.2f}x its kernel time)."
+                f"collectives; its peers spent {peer_x[r]:.2f}x its kernel time, "
+                f"{share[r]:.0%} of the step or more)."
             )
             ev = RiverEvidence(
                 collectives=int(a.n_seq[r]),
@@ -184,6 +208,7 @@ class RiverDetector:
                 peer_time_x=round(float(peer_x[r]), 3),
                 late_ms=round(float(a.late_us_sum[r] / n_seq[r]) / 1e3, 2),
                 position=r,
+                step_share=round(float(share[r]), 4),
                 model=rcfg.model,
                 anomaly_score=round(score, 3),
                 features=[round(v, 4) for v in row],

@@ -24,6 +24,7 @@ slow → slow NIC on host 1. Had only (1,2) been slow, it is the link 1→2.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,8 +35,8 @@ from producers.events import OpEvent
 from streams.core import checkpoint as ck
 from streams.core.config import DetectConfig
 from streams.core.detector import Batch, CommView, ConnArrays, Output, Window
-from streams.core.findings import Finding, SlowEvidence
-from streams.core.stats import median
+from streams.core.findings import Cells, Finding, Observation, SlowEvidence
+from streams.core.stats import median, slow_score
 
 __all__ = ["ConnMatrix", "SlowConnDetector", "SlowFinding"]
 
@@ -102,6 +103,15 @@ class ConnMatrix:
             (int(x), int(y)): [float(u), float(v)] for x, y, u, v in zip(s, d, b, t, strict=True)
         }
 
+    def inter_cells(self, host_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The inter-host cells: sender rank, receiver rank, throughput (bytes/µs)."""
+        s, d, b, t = self._fold()
+        ok = (t > 0) & (s < host_idx.size) & (d < host_idx.size)
+        s, d, b, t = s[ok], d[ok], b[ok], t[ok]
+        hs, hd = host_idx[s], host_idx[d]
+        inter = (hs >= 0) & (hd >= 0) & (hs != hd)
+        return s[inter], d[inter], b[inter] / t[inter]
+
     def judge(self, host_idx: np.ndarray, slow_ratio: float, min_cells: int) -> list[SlowFinding]:
         """Slow NICs and links of this window (inter-host cells only; NVLink is not a NIC)."""
         s, d, b, t = self._fold()
@@ -159,6 +169,14 @@ class _SlowState(msgspec.Struct, array_like=True):
     receiver: ck.Array
     nbytes: ck.Array
     time_us: ck.Array
+    conn_bytes: float = 0.0
+    conn_n: int = 0
+    """Schema 2: bytes and count of this window's connection records (message size)."""
+
+
+def _migrate_1(body: list) -> list:
+    """Schema 1 -> 2: no message size yet (this window's is learned afresh)."""
+    return [*body, 0.0, 0]
 
 
 class SlowConnDetector:
@@ -173,17 +191,24 @@ class SlowConnDetector:
     """
 
     name: ClassVar[str] = "slow_conn"
-    _SCHEMA: ClassVar[int] = 1
+    _SCHEMA: ClassVar[int] = 2
 
     def __init__(self, config: DetectConfig) -> None:
         self.config = config
         self.matrix = ConnMatrix()
+        self.conn_bytes = 0.0
+        self.conn_n = 0
+        """This window's connection records: their bytes and count (the message size
+        that puts a small communicator in a family with others of its shape)."""
 
     def grow(self, nranks: int) -> None:
         pass  # cells are kept only for the connections seen this window
 
     def learn(self, view: CommView, batch: Batch) -> None:
-        every = self.config.conn_sample_every
+        # a pipeline pair alternates directions (forward, backward) from one collective
+        # to the next: sampling one in two would see one direction only; its one
+        # connection per op is cheap to read whole
+        every = 1 if view.p2p else self.config.conn_sample_every
         c = batch.conns
         if c is not None:  # the columnar path: the same figures, already as arrays
             if every != 1 and len(c.seq):
@@ -220,6 +245,8 @@ class SlowConnDetector:
         snd, rcv = np.where(send, me, peer), np.where(send, peer, me)
         if not ok.all():
             snd, rcv, nb, tu = snd[ok], rcv[ok], nb[ok], tu[ok]
+        self.conn_bytes += float(nb.sum())
+        self.conn_n += int(nb.size)
         self.matrix.add_many(snd, rcv, nb, tu)
 
     def tick(self, view: CommView) -> Output:
@@ -231,18 +258,46 @@ class SlowConnDetector:
             cfg = self.config
             found = self.matrix.judge(view.ranks.host_idx, cfg.slow_ratio, cfg.slow_min_cells)
             out = [self._finding(view, f, window.start, window.end) for f in found]
+            out += self._cells_note(view, window)
         self.matrix.reset()
+        self.conn_bytes, self.conn_n = 0.0, 0
         return out
+
+    def _cells_note(self, view: CommView, window: Window) -> Output:
+        """A communicator with too few inter-host cells for its own matrix: its cells,
+        for the correlator to compare with the communicators of its shape
+        (:mod:`streams.core.family`)."""
+        t = view.ranks
+        s, d, tput = self.matrix.inter_cells(t.host_idx)
+        if not s.size or s.size >= self.config.family_max_cells or self.conn_n == 0:
+            return []
+        size = int(round(math.log2(max(self.conn_bytes / self.conn_n, 1.0))))
+        sl, dl = s.tolist(), d.tolist()
+        note = Cells(
+            src=sl, dst=dl, src_host=[t.host_of(r) or "" for r in sl],
+            src_nic=[t.nic_of(r) for r in sl], dst_host=[t.host_of(r) or "" for r in dl],
+            dst_nic=[t.nic_of(r) for r in dl], gbs=[round(x / 1e3, 4) for x in tput.tolist()],
+            size_log2=size, p2p=bool(view.p2p),
+        )  # fmt: skip
+        cells = ", ".join(
+            f"{a} -> {b} {g:.1f} GB/s" for a, b, g in zip(note.src_host, note.dst_host, note.gbs,
+                                                         strict=True)
+        )  # fmt: skip
+        reason = f"{view.label} moved {cells} this window."
+        return [Observation("slow_link", note.src_host[0], reason, window.start, window.end,
+                            note, sorted(set(sl + dl)))]  # fmt: skip
 
     def dump(self) -> bytes:
         s, d, b, t = self.matrix._fold()
-        st = _SlowState(ck.pack(s), ck.pack(d), ck.pack(b), ck.pack(t))
+        st = _SlowState(ck.pack(s), ck.pack(d), ck.pack(b), ck.pack(t), self.conn_bytes,
+                        self.conn_n)  # fmt: skip
         return ck.encode(self.name, self._SCHEMA, st)
 
     @classmethod
     def load(cls, data: bytes, config: DetectConfig) -> SlowConnDetector:
-        st = ck.decode(data, cls.name, {cls._SCHEMA: _SlowState})
+        st = ck.decode(data, cls.name, {cls._SCHEMA: _SlowState}, {1: _migrate_1})
         d = cls(config)
+        d.conn_bytes, d.conn_n = float(st.conn_bytes), int(st.conn_n)
         parts = tuple(ck.unpack(x) for x in (st.sender, st.receiver, st.nbytes, st.time_us))
         if len({p.shape for p in parts}) != 1 or parts[0].ndim != 1:
             raise ck.CheckpointError("slow_conn state: cell arrays differ in shape")
@@ -259,7 +314,7 @@ class SlowConnDetector:
         ev = SlowEvidence(
             throughput_ratio=round(f.ratio, 3), cells=f.cells, median_gbs=round(f.median_gbs, 3)
         )
-        score = min(1.0, max(0.5, 0.5 + 2 * (self.config.slow_ratio - f.ratio)))
+        score = slow_score(f.ratio, self.config.slow_ratio)
         if f.kind == "nic":
             reason = (
                 f"{host} {nic or 'NIC'} moves {f.ratio:.0%} of the median throughput of "

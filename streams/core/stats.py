@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import math
 from hashlib import blake2b
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ __all__ = [
     "quantile_from_state",
     "quantile_state",
     "robust_z",
+    "slow_score",
     "stable_id",
 ]
 
@@ -70,6 +72,18 @@ def robust_z(x: np.ndarray, floor: float = 1e-9) -> np.ndarray:
     return (x - med) / mad_sigma(x, floor)
 
 
+def slow_score(ratio: float, slow_ratio: float) -> float:
+    """Score of a connection (or NIC) moving ``ratio`` of its reference throughput, below
+    ``slow_ratio``: 0.7 just under the bar, 1.0 from 25 points under. Two windows under
+    the bar are enough evidence (the policy's 1.4), so a NIC that degrades slowly is
+    isolated one window after its throughput crossed the bar.
+
+    >>> slow_score(0.74, 0.75), slow_score(0.4, 0.75)
+    (0.712, 1.0)
+    """
+    return round(min(1.0, 0.7 + 1.2 * max(0.0, slow_ratio - ratio)), 3)
+
+
 def stable_id(*parts: object) -> str:
     """A short deterministic id from the parts (same parts → same id, across runs).
 
@@ -86,6 +100,9 @@ class NormalState(msgspec.Struct, array_like=True):
     period: bytes | None
     n_ops: int
     n_periods: int
+    peak_us: float = 0.0
+    """The longest kernel time seen lately (decayed), and when it was last updated."""
+    peak_at: int = -1
 
 
 def new_quantile(p: float) -> rstats.Quantile:
@@ -143,6 +160,8 @@ CLIP_X = 8.0
 or median (period) as it is; beyond, as that much (winsorized)."""
 CLIP_AFTER = 32
 """...once this many samples were learned (before, nothing is known to clip against)."""
+PEAK_MULT = 1.5
+PEAK_TAU_PERIODS = 20.0
 
 
 class NormalModel:
@@ -164,6 +183,8 @@ class NormalModel:
         self._period = new_quantile(0.5)
         self.n_ops = 0
         self.n_periods = 0
+        self.peak_us = 0.0
+        self.peak_at = -1
 
     def state(self) -> NormalState:
         return NormalState(
@@ -172,6 +193,8 @@ class NormalModel:
             period=quantile_state(self._period),
             n_ops=self.n_ops,
             n_periods=self.n_periods,
+            peak_us=self.peak_us,
+            peak_at=self.peak_at,
         )
 
     @classmethod
@@ -181,6 +204,7 @@ class NormalModel:
         m._op90 = quantile_from_state(0.9, st.op90)
         m._period = quantile_from_state(0.5, st.period)
         m.n_ops, m.n_periods = st.n_ops, st.n_periods
+        m.peak_us, m.peak_at = st.peak_us, st.peak_at
         return m
 
     def learn_op(self, exec_us: float) -> None:
@@ -233,6 +257,22 @@ class NormalModel:
     def period(self) -> float:
         return float(self._period.get() or 0.0) if self.n_periods else 0.0
 
+    def note_peak(self, exec_max: float, now: int) -> None:
+        """The longest kernel time of a batch, at event time ``now``: the recent peak,
+        decaying by e every :data:`PEAK_TAU_PERIODS` periods (at least a minute), so a
+        one-off (a checkpoint's 30-s collective) is forgotten within minutes."""
+        if self.peak_at >= 0 and now > self.peak_at:
+            tau = max(60e6, PEAK_TAU_PERIODS * self.period())
+            self.peak_us *= math.exp(-(now - self.peak_at) / tau)
+        if exec_max > self.peak_us:
+            self.peak_us = float(exec_max)
+        self.peak_at = max(self.peak_at, now)
+
     def hang_threshold_us(self, floor_us: int, mult: float) -> float:
-        """In-flight time beyond which a collective counts as hung for this communicator."""
-        return max(float(floor_us), mult * max(self.op_p90(), self.period()))
+        """In-flight time beyond which a collective counts as hung for this communicator:
+        ``mult`` times its p90 kernel time or its period, and at least
+        :data:`PEAK_MULT` times the longest kernel time seen lately. The last term is
+        for communicators whose longest normal waits are rare: a pipeline pair waits a
+        whole bubble once a step, fewer than one collective in ten."""
+        return max(float(floor_us), mult * max(self.op_p90(), self.period()),
+                   PEAK_MULT * self.peak_us)  # fmt: skip

@@ -25,6 +25,7 @@ from streams.core import (
     PolicyConfig,
 )
 from streams.core import checkpoint as ck
+from streams.core.comm import _SCHEMA as COMM_SCHEMA
 from streams.core.comm import _CommState
 from streams.verdicts import Verdict, encode_verdict
 
@@ -138,11 +139,47 @@ def test_bad_state_inside_a_well_formed_checkpoint_is_refused(
     detectors: dict[str, CommDetector],
 ) -> None:
     good = next(iter(detectors.values())).to_bytes()
-    st = ck.decode(good, "comm", {1: _CommState})
+    st = ck.decode(good, "comm", {COMM_SCHEMA: _CommState})
     for bad, why in [
         (R(st, model=R(st.model, op50=b"\x00" * 170)), "quantile state"),
         (R(st, model=R(st.model, op90=b"junk")), "quantile state"),
         (R(st, ranks=R(st.ranks, hosts=[])), "host_idx is not in its list"),
     ]:
         with pytest.raises(ck.CheckpointError, match=why):
-            CommDetector.from_bytes(ck.encode("comm", 1, bad), DetectConfig())
+            CommDetector.from_bytes(ck.encode("comm", COMM_SCHEMA, bad), DetectConfig())
+
+
+def _as_schema_1(data: bytes, kind: str, drop: int) -> bytes:
+    """A schema-2 checkpoint written back as schema 1 would have been: the fields that
+    schema 2 added (the last ``drop``) left out."""
+    body = msgspec.msgpack.decode(data[4:])[2]
+    return ck.MAGIC + msgspec.msgpack.encode([kind, 1, body[:-drop]])
+
+
+def test_schema_1_checkpoints_of_this_release_are_migrated(
+    detectors: dict[str, CommDetector],
+) -> None:
+    """Comm, straggler, slow-connection and correlator checkpoints of schema 1 load (the
+    fields schema 2 added start afresh) and the communicator goes on judging."""
+    from streams.core.correlate import _SCHEMA as COR_SCHEMA
+    from streams.core.slow_conn import SlowConnDetector
+    from streams.core.straggler import StragglerDetector
+
+    assert COMM_SCHEMA == 2 and COR_SCHEMA == 2
+    d = next(iter(detectors.values()))
+    old = _as_schema_1(d.to_bytes(), "comm", 4)
+    back = CommDetector.from_bytes(old, DetectConfig())
+    assert back.view.p2p is None and back.n_events == d.n_events
+    for det in back.detectors:
+        if isinstance(det, StragglerDetector):
+            st = msgspec.msgpack.decode(det.dump()[4:])[2]
+            st[0] = st[0][:-1]  # the aligner without its squared waits
+            v1 = ck.MAGIC + msgspec.msgpack.encode(["straggler", 1, st[:-1]])
+            again = StragglerDetector.load(v1, DetectConfig())
+            assert again.aligner.window_n_seqs == 0 and not again.long.any()
+        if isinstance(det, SlowConnDetector):
+            again2 = SlowConnDetector.load(_as_schema_1(det.dump(), "slow_conn", 2), DetectConfig())
+            assert again2.conn_n == 0
+    c = HostCorrelator(PolicyConfig())
+    old_c = _as_schema_1(c.to_bytes(), "correlator", 2)
+    assert HostCorrelator.from_bytes(old_c, PolicyConfig()).families.pairs == {}

@@ -6,6 +6,7 @@ without touching this file."""
 
 from __future__ import annotations
 
+import random
 import tomllib
 from pathlib import Path
 
@@ -42,6 +43,32 @@ BENIGN: dict[str, list[BenignSpec]] = {
     "blip": [BenignSpec(kind="blip", start_s=14, host=3, gpu=5, severity=4.0)],
     "clock_offset": [BenignSpec(kind="clock_offset", host=2, severity=50.0)],
     "role_late": [BenignSpec(kind="role_late", start_s=0, gpu=3, severity=1.2)],
+}
+
+
+def _spread(hosts: range, gpus: int, lo: float, hi: float, seed: int) -> list[FaultSpec]:
+    """Every GPU of ``hosts`` computing a fixed factor in [lo, hi) from the start: a static
+    spread between healthy GPUs (power and clock binning) when below ~1 %, a slower
+    pipeline stage by design (more layers) when the hosts are one stage."""
+    rng = random.Random(seed)
+    return [FaultSpec(kind="straggler", host=h, gpu=g, start_s=0, severity=rng.uniform(lo, hi))
+            for h in hosts for g in range(gpus)]  # fmt: skip
+
+
+# shapes that are not faults, with the job changed to show them
+SHAPES: dict[str, dict] = {
+    # quiet GPUs (0.3 % jitter per phase), so that the slower of them is last nearly
+    # always: a chance-level rule isolated both of "two_slower" and two of the spread
+    "static_spread": {"faults": _spread(range(8), 8, 1.0, 1.01, 5), "compute_jitter": 0.003},
+    "two_slower": {
+        "faults": [
+            FaultSpec(kind="straggler", host=h, gpu=g, start_s=0, severity=1.0075)
+            for h, g in ((1, 2), (5, 6))
+        ],
+        "compute_jitter": 0.003,
+    },  # fmt: skip
+    "bubbles": {"pp": 2},  # two pipeline stages: Send/Recv pairs wait by schedule
+    "stage_imbalance": {"pp": 2, "faults": _spread(range(4, 8), 8, 1.15, 1.15, 6)},
 }
 
 
@@ -113,6 +140,21 @@ def test_benign_scenarios_isolate_nothing(name: str) -> None:
         pipe.finish()
         isolated = [(c.host, c.fault, c.reason) for c in pipe.commands if c.action != "alert_only"]
         assert isolated == [], f"{name} on benign {kind}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", NAMES)
+def test_benign_shapes_isolate_nothing(name: str) -> None:
+    """A static spread of up to 1 % between GPUs, a pipeline's bubbles, and one stage
+    slower than the others by design: no detector isolates anything."""
+    for kind, change in SHAPES.items():
+        cfg = R(FAULTY, job=f"shape-{kind}", seed=4, **{"faults": [], **change})
+        pipe = DetectionPipeline(config(name))
+        for b in trace(cfg):
+            pipe.feed(b)
+        pipe.finish()
+        isolated = [(c.host, c.fault, c.reason) for c in pipe.commands if c.action != "alert_only"]
+        assert isolated == [], f"{name} on {kind}"
 
 
 @pytest.mark.timeout(120)
