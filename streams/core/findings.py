@@ -13,7 +13,7 @@ correlator turns the dict back into these types with :func:`evidence_of` and
 >>> wire["late_ms"], evidence_of("straggler", wire) == ev
 (12.0, True)
 >>> observation_of({"role": "waiting", "gpus": [1, 2], "extra_ms": [3.0, 4.0]})
-Waiting(gpus=[1, 2], target_collective=None, extra_ms=[3.0, 4.0])
+Waiting(gpus=[1, 2], target_collective=None, extra_ms=[3.0, 4.0], waited_for=None, comm_slow=False)
 """
 
 from __future__ import annotations
