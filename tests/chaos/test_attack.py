@@ -38,20 +38,34 @@ T0 = 1_750_000_000_000_000
 S = 1_000_000
 
 
-def hb(comm: str, job: str, rank: int, ts: int, started: int, inflight: float | None = None):
+def hb(
+    comm: str, job: str, rank: int, ts: int, started: int, inflight: float | None = None,
+    completed: int = 1,
+):  # fmt: skip
     return ProgressEvent(
         v=1, job=job, comm=comm, nranks=4, rank=rank, host=f"node-{rank:03d}", ts_us=ts,
-        started=started, completed=1,
+        started=started, completed=completed,
         inflight_op="AllReduce" if inflight is not None else None, inflight_us=inflight,
     )  # fmt: skip
 
 
 def invented(comm: str, job: str, victim: int, at_us: int) -> list[list[Event]]:
     """The issue's two forged messages about an invented 4-rank communicator: all ranks
-    at 1/1, then 8 s later three peers "started 2, in flight 7.9 s", the victim at 1/1."""
-    first = [hb(comm, job, r, at_us, 1) for r in range(4)]
+    at N/N, then 8 s later three peers "started N+1, in flight 7.9 s", the victim at N/N.
+    N = 6: a communicator is judged once it has done its first few collectives
+    (``window_min_collectives``), and a forger can claim any count."""
+    n = 6
+    first = [hb(comm, job, r, at_us, n, completed=n) for r in range(4)]
     later = [
-        hb(comm, job, r, at_us + 8 * S, 1 if r == victim else 2, None if r == victim else 7.9e6)
+        hb(
+            comm,
+            job,
+            r,
+            at_us + 8 * S,
+            n if r == victim else n + 1,
+            None if r == victim else 7.9e6,
+            completed=n,
+        )  # fmt: skip
         for r in range(4)
     ]
     return [first, later]
