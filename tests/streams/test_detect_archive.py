@@ -211,8 +211,12 @@ def test_cli_judges_an_archived_day_with_other_thresholds(trace: Path, tmp_path:
     default = detect()
     assert ("node-006", "noncomm_hang") in default and ("node-002", "straggler") in default
     cfg = tmp_path / "lenient.toml"
-    # a hang must last ten minutes and a straggler arrive last always: nothing isolated
-    cfg.write_text("[worker.detect]\nhang_floor_us = 600000000\nstraggler_last_frac = 1.01\n")
+    # a hang must last ten minutes and a straggler arrive last always (in a window, and
+    # in the longer evidence of an intermittent one): nothing isolated
+    cfg.write_text(
+        "[worker.detect]\nhang_floor_us = 600000000\nstraggler_last_frac = 1.01\n"
+        "straggler_long_last_frac = 1.01\n"
+    )
     assert detect("--config", str(cfg)) == []
     cfg.write_text("[worker.detect]\nhang_flor_us = 1\n")  # a typo is an error, not ignored
     args = [c4, "detect", str(tmp_path / "events"), "-o", str(tmp_path / "x"), "--config", str(cfg)]
