@@ -69,6 +69,10 @@ class SeqAligner:
         """Sum of squared waits: the spread of the wait, for its confidence bound."""
         self.exec_sum = np.zeros(self.n, np.float64)
         self.window_n_seqs = 0
+        self.window_seq_lo = -1
+        self.window_seq_hi = -1
+        """Lowest and highest seq judged in this window: the collectives that ran in it
+        (a 1-in-k sample of them judged, as from summarised input, still spans them)."""
         self.window_med_sum = 0.0
         self.window_meds: list[float] = []
 
@@ -155,6 +159,7 @@ class SeqAligner:
 
     def _close(self, slots: np.ndarray) -> list[float]:
         x = self.exec[slots].astype(np.float64)
+        seqs = self.tag[slots].copy()
         self.tag[slots] = -1
         self.count[slots] = 0
         present = x > 0  # False for NaN (not reported) too
@@ -164,6 +169,10 @@ class SeqAligner:
             if not keep.any():
                 return []
             x, present, n_present = x[keep], present[keep], n_present[keep]
+            seqs = seqs[keep]
+        lo, hi = int(seqs.min()), int(seqs.max())
+        self.window_seq_lo = lo if self.window_seq_lo < 0 else min(self.window_seq_lo, lo)
+        self.window_seq_hi = max(self.window_seq_hi, hi)
         absent = ~present
         x[absent] = np.nan
         med = _row_median(x, n_present)
@@ -332,6 +341,9 @@ class AlignerState(msgspec.Struct, array_like=True):
     late_us_sq: ck.Array | None = None
     """Schema 2 on; absent in a schema-1 checkpoint (its open window is then started
     afresh: the spread of its waits is unknown)."""
+    window_seq_lo: int = -1
+    window_seq_hi: int = -1
+    """The open window's seq span (absent in older checkpoints: the count is used)."""
 
 
 def migrate_aligner_1(body: list) -> list:
@@ -355,6 +367,7 @@ def aligner_state(a: SeqAligner) -> AlignerState:
     arrays = {k: ck.pack(getattr(a, k)) for k in _ARRAYS}
     return AlignerState(n=a.n, ring=a.ring, window_n_seqs=a.window_n_seqs,
                         window_meds=list(a.window_meds), late_us_sq=ck.pack(a.late_us_sq),
+                        window_seq_lo=a.window_seq_lo, window_seq_hi=a.window_seq_hi,
                         **arrays)  # fmt: skip
 
 
@@ -372,6 +385,7 @@ def aligner_from_state(s: AlignerState, config: DetectConfig) -> SeqAligner:
     for k, arr in arrays.items():
         setattr(a, k, arr)
     a.window_n_seqs, a.window_meds = s.window_n_seqs, list(s.window_meds)
+    a.window_seq_lo, a.window_seq_hi = s.window_seq_lo, s.window_seq_hi
     a.window_med_sum = float(sum(a.window_meds))
     if s.late_us_sq is None:  # schema 1: the open window's waits start afresh
         a.reset_window()
@@ -507,10 +521,16 @@ class StragglerDetector:
         return float(v) if v is not None and v == v else 0.0
 
     def _period(self, view: CommView, start: int, end: int) -> float:
-        """Time per collective this window: its span over the collectives judged in it.
-        The mean wait per collective over this is the share of wall time the rank's
-        peers lost waiting for it (whatever the collectives' spacing within a step)."""
-        n = self.aligner.window_n_seqs
+        """Time per collective this window: its span over the collectives that ran in it
+        (the seq span of those judged; their count where it is larger). The mean wait
+        per collective over this is the share of wall time the rank's peers lost waiting
+        for it (whatever the collectives' spacing within a step). With 1 in k collectives
+        judged (summarised input) the span still counts all k: the mean wait of a sample
+        is the mean wait of all, so the share is the same as on raw input."""
+        a = self.aligner
+        n = a.window_n_seqs
+        if a.window_seq_hi >= a.window_seq_lo >= 0:
+            n = max(n, a.window_seq_hi - a.window_seq_lo + 1)
         if n:
             return (end - start) / n
         p = view.model.period()
