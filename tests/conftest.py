@@ -53,8 +53,12 @@ PATH_MARKS = {
     "tests/streams/test_quality_sim.py": ("slow",),
     "tests/streams/test_worker_arrow.py": ("slow",),
     "tests/streams/test_worker_grouped.py": ("slow",),
-    # services started without a broker, waiting out their broker timeouts
+    # pipeline shapes simulated and checked (0.6-5 s each, ~25 s in all)
+    "tests/producers/test_simulator_shapes.py": ("slow",),
+    # services started without a broker, waiting out their broker timeouts; a receiver
+    # that answers late, waited out
     "tests/sinks/test_sink_operability.py": ("slow",),
+    "tests/sinks/test_alert_slow_receiver.py": ("slow",),
 }
 """Every test under the directory (or in the file) gets the markers. A test that takes
 more than a few seconds without needing any of the above carries ``@pytest.mark.slow``
