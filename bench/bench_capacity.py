@@ -12,7 +12,9 @@ For each rate (collectives per second per rank) the simulator makes a trace at t
 * both are judged by the worker's own runner (:class:`~streams.app.detect_runner.CommRouter`:
   decoding, admission, detection; broker-free, so Kafka's and Faust's per-message costs,
   which are the same per message both ways, are not in it) and its thread CPU time is
-  measured;
+  measured, ``--repeat`` times by a fresh runner, the least counted (a summarised run
+  is a fraction of a CPU-second, which a shared core's other processes stretch by up to
+  2x from run to run);
 * wire records per GPU per second = records (events, samples, summaries) on the wire /
   GPUs / trace seconds; CPU-seconds per GPU-hour = worker CPU / (GPUs × trace seconds)
   × 3600;
@@ -114,8 +116,15 @@ def _router() -> CommRouter:
     )
 
 
-def judge(messages: Sequence[tuple[bytes, bytes]], batch: int = 200) -> float:
-    """Thread CPU seconds of the worker's runner judging ``messages`` (key, value)."""
+def judge(messages: Sequence[tuple[bytes, bytes]], batch: int = 200, repeat: int = 1) -> float:
+    """Thread CPU seconds of the worker's runner judging ``messages`` (key, value): the
+    least of ``repeat`` runs, each by a fresh runner (a summarised trace here is ~0.15
+    CPU-s, which other processes on a shared core stretch by up to 2x from run to run;
+    the least is the least disturbed)."""
+    return min(_judge_once(messages, batch) for _ in range(max(1, repeat)))
+
+
+def _judge_once(messages: Sequence[tuple[bytes, bytes]], batch: int) -> float:
     r = _router()
     recs = [Record("c4.events", hash(k) % 8, i, k, v) for i, (k, v) in enumerate(messages)]
     dead = []
@@ -129,7 +138,9 @@ def judge(messages: Sequence[tuple[bytes, bytes]], batch: int = 200) -> float:
     return cpu
 
 
-def measure(cfg: SimConfig, rate: float, k: int, every: int) -> tuple[Measured, Measured]:
+def measure(
+    cfg: SimConfig, rate: float, k: int, every: int, repeat: int = 1
+) -> tuple[Measured, Measured]:
     batches = [b for b in simulate(cfg) if b]
     raw_msgs = [(b[0].comm.encode(), encode_message(b)) for b in batches]
     raw_records = sum(map(len, batches))
@@ -138,9 +149,9 @@ def measure(cfg: SimConfig, rate: float, k: int, every: int) -> tuple[Measured, 
     sum_records = sum(map(len, summ))
     ops = sum(e.__class__ is OpEvent for b in batches for e in b)
     raw = Measured("raw", rate, cfg.gpus, cfg.duration_s, raw_records, len(raw_msgs),
-                   judge(raw_msgs), ops)  # fmt: skip
+                   judge(raw_msgs, repeat=repeat), ops)  # fmt: skip
     sm = Measured(f"summarised k={k}, {every} s", rate, cfg.gpus, cfg.duration_s, sum_records,
-                  len(sum_msgs), judge(sum_msgs))  # fmt: skip
+                  len(sum_msgs), judge(sum_msgs, repeat=repeat))  # fmt: skip
     return raw, sm
 
 
@@ -195,9 +206,8 @@ def _first(cmds: list, cfg: SimConfig) -> tuple[set[tuple], float | None, int]:
 def quality(
     ks: Sequence[int], every: int, gpus_per_host: int, hosts: int, rate: float
 ) -> list[list[str]]:
-    """Per fault and k: raw beside summarised (each judged by DetectionPipeline)."""
-    from producers.summary import expand
-
+    """Per fault and k: raw beside summarised (each judged by DetectionPipeline), the
+    summarised input judged from its samples alone and with the summaries' evidence."""
     rows = []
     for name, fault in QUALITY_FAULTS.items():
         cfg = sim_config(rate, hosts=hosts, gpus_per_host=gpus_per_host, duration_s=30,
@@ -207,22 +217,41 @@ def quality(
             [c for b in simulate(cfg) for c in p.feed(b)] + p.finish(), cfg
         )
         for k in ks:
-            p = DetectionPipeline(detect=DetectConfig())
-            records = 0
-            cmds = []
-            for m in summarised(simulate(cfg), k, every=every):
-                records += len(m)
-                cmds += p.feed(expand(m))
-            s_found, s_lat, s_false = _first(cmds + p.finish(), cfg)
-            same = raw_found == s_found and bool(raw_found)
-            in_window = raw_lat is not None and s_lat is not None and s_lat - raw_lat <= 5.0
-            ok = same and in_window and raw_false == s_false == 0
-            rows.append([
-                name, str(k), f"{records / cfg.gpus / cfg.duration_s:.1f}",
-                _components(raw_found), _components(s_found), str(raw_false), str(s_false),
-                _secs(raw_lat), _secs(s_lat), "met" if ok else "MISSED",
-            ])  # fmt: skip
+            for evidence in (False, True):
+                s_found, s_lat, s_false, records = _summarised_run(cfg, k, every, evidence)
+                same = raw_found == s_found and bool(raw_found)
+                in_window = raw_lat is not None and s_lat is not None and s_lat - raw_lat <= 5.0
+                ok = same and in_window and raw_false == s_false == 0
+                # the samples alone are a reference (what the summaries add), not the target
+                verdict = ("met" if ok else "MISSED") if evidence else (
+                    "(reference: same)" if ok else "(reference: not same)")  # fmt: skip
+                rows.append([
+                    name, str(k), "samples + summaries" if evidence else "samples alone",
+                    f"{records / cfg.gpus / cfg.duration_s:.1f}",
+                    _components(raw_found), _components(s_found), str(raw_false), str(s_false),
+                    _secs(raw_lat), _secs(s_lat), verdict,
+                ])  # fmt: skip
     return rows
+
+
+def _summarised_run(
+    cfg: SimConfig, k: int, every: int, evidence: bool
+) -> tuple[set[tuple], float | None, int, int]:
+    """The summarised trace judged by DetectionPipeline, one message at a time; with
+    ``evidence`` the summaries themselves too (their kernel-time statistics for the
+    straggler rule, their per-peer totals for the slow-connection matrix: the fold the
+    worker and ``c4stream detect`` call), without it the samples alone."""
+    from producers.summary import SummaryEvent, expand
+
+    p = DetectionPipeline(detect=DetectConfig())
+    records = 0
+    cmds = []
+    for m in summarised(simulate(cfg), k, every=every):
+        records += len(m)
+        sums = [r for r in m if isinstance(r, SummaryEvent)] if evidence else []
+        cmds += p.feed(expand(m), sums)
+    found, lat, false = _first(cmds + p.finish(), cfg)
+    return found, lat, false, records
 
 
 def _components(found: set[tuple]) -> str:
@@ -235,9 +264,9 @@ def _secs(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f} s"
 
 
-QUALITY_HEADER = ["fault", "k", "summ. rec/GPU/s", "raw: isolated", "summarised: isolated",
-                  "raw false", "summ. false", "raw latency", "summ. latency",
-                  "same, ≤ 1 window later"]  # fmt: skip
+QUALITY_HEADER = ["fault", "k", "detectors read", "summ. rec/GPU/s", "raw: isolated",
+                  "summarised: isolated", "raw false", "summ. false", "raw latency",
+                  "summ. latency", "same, ≤ 1 window later"]  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -249,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=0, help="1-in-k samples; 0: about 1/s per rank")
     ap.add_argument("--every", type=int, default=2, help="summary window, in 1 s intervals")
     ap.add_argument("--headroom", type=float, default=2.0)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per input; the least CPU counts")
     ap.add_argument("--quality", action="store_true")
     ap.add_argument(
         "--quality-k", default="", help="comma-separated k of the quality rows (default: --k)"
@@ -260,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         k = args.k or suggest_k(rate)
         cfg = sim_config(rate, hosts=args.hosts, gpus_per_host=args.gpus_per_host,
                          duration_s=args.duration)  # fmt: skip
-        raw, sm = measure(cfg, rate, k, args.every)
+        raw, sm = measure(cfg, rate, k, args.every, args.repeat)
         print(
             f"rate {rate:,.0f}: simulated {raw.ops / cfg.gpus / cfg.duration_s:,.0f} "
             f"collectives/s/rank (iteration {cfg.iteration_s * 1e3:.2f} ms), {cfg.gpus} GPUs "
@@ -272,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += [raw, sm]
     print(f"Capacity from measurement ({args.hosts * args.gpus_per_host} simulated GPUs, "
           f"{args.duration:g} s per rate, headroom x{args.headroom:g}; worker runner CPU, "
-          "JSON input):\n")  # fmt: skip
+          f"the least of {args.repeat} runs, JSON input):\n")  # fmt: skip
     print(table(capacity_rows(rows, args.headroom)))
     print()
     at = [m for m in rows if m.rate == TARGET_RATE and m.mode != "raw"]
@@ -298,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         q = quality(ks, args.every, gpus_per_host=4, hosts=8, rate=TARGET_RATE)
         print(table(q, QUALITY_HEADER))
-        ok_all = ok_all and all(r[-1] == "met" for r in q)
+        ok_all = ok_all and all(r[-1] == "met" for r in q if r[2] == "samples + summaries")
     return 0 if ok_all else 1
 
 

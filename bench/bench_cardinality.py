@@ -4,7 +4,9 @@ the watermarks a tick sends, communicators held and evicted, and the peak RSS.
 
     nice -n 5 .venv/bin/python -m bench.bench_cardinality --comms 120000 --jobs 20000
 
-Targets: intake at least the feed (2,000 messages/s), a tick under 1 s whatever the
+Intake is printed per wall second and per CPU second of the thread (on a shared
+machine the wall figure counts time other processes had the core). Targets: intake
+at least the feed (2,000 messages/s), a tick under 1 s whatever the
 number of idle lanes, peak RSS under the bound (``--rss-mb``, default 1,200 MB at
 the default cap of 200,000 communicators; with ``--max-comms`` lower, lower). A missed
 target prints MISSED.
@@ -47,7 +49,9 @@ def main() -> None:
     a = ap.parse_args()
 
     wall = [0.0]
-    r = CommRouter(CoreEngine(), lambda key: None, checkpoint_every_events=10**9,
+    engine = CoreEngine()
+    engine.new_detector("warm-up")  # imports river's quantiles once (~0.3 s), not timed
+    r = CommRouter(engine, lambda key: None, checkpoint_every_events=10**9,
                    checkpoint_every_s=1e9, advance_every_us=250_000, clock=lambda: wall[0],
                    epoch=lambda: T0 / 1e6 + 60,
                    limits=EdgeLimits(max_comms=a.max_comms,
@@ -61,6 +65,7 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     n_msgs = 0
     busy = 0.0
+    cpu = 0.0
     worst_tick = 0.0
     tick_marks = 0
     per_comm = a.comms // a.jobs
@@ -75,7 +80,7 @@ def main() -> None:
                for k in range(4)]  # fmt: skip
         batch.append(Record("ev", c % a.partitions, c, None, encode_message(evs)))
         if len(batch) == a.batch or c == a.comms - 1:
-            t = time.perf_counter()
+            t, t_cpu = time.perf_counter(), time.thread_time()
             r.process(batch, settle=set(range(a.partitions)))
             loop.run_until_complete(marks.send_all(range(a.partitions), r.clock_us, False))
             busy += time.perf_counter() - t
@@ -88,6 +93,7 @@ def main() -> None:
             loop.run_until_complete(marks.send_all(range(a.partitions), r.clock_us, True))
             dt = time.perf_counter() - t
             busy += dt
+            cpu += time.thread_time() - t_cpu
             worst_tick, tick_marks = max(worst_tick, dt), max(tick_marks, sent[0])
     # then all idle: ticks with nothing new (the cost of idle lanes), after the eviction age
     wall[0] += a.evict_idle_s + 1
@@ -100,10 +106,12 @@ def main() -> None:
         worst_tick, tick_marks = max(worst_tick, dt), max(tick_marks, sent[0])
         wall[0] += 1.0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    intake = n_msgs / busy
+    intake, intake_cpu = n_msgs / busy, n_msgs / cpu
     rows = [
         ("messages", f"{n_msgs}", ""),
-        ("intake, messages/s", f"{intake:,.0f}", "" if intake >= a.feed else "MISSED"),
+        ("intake, messages/s (wall)", f"{intake:,.0f}", "" if intake >= a.feed else "MISSED"),
+        ("intake, messages per CPU-second", f"{intake_cpu:,.0f}",
+         "" if intake_cpu >= a.feed else "MISSED"),
         ("slowest tick (router + watermarks), s", f"{worst_tick:.3f}",
          "" if worst_tick < 1.0 else "MISSED"),
         ("watermarks sent in one tick, most", f"{tick_marks}", ""),

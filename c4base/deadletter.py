@@ -27,6 +27,8 @@ import time
 
 import msgspec
 
+from c4base.progress import Message
+
 __all__ = ["DeadLetter"]
 
 
@@ -80,6 +82,11 @@ class DeadLetter(msgspec.Struct, kw_only=True, omit_defaults=True):
             payload_bytes=len(payload) if cut else None,
             payload_sha256=hashlib.sha256(payload).hexdigest() if cut else None,
         )
+
+    @classmethod
+    def of_record(cls, rec: Message, reason: str, stage: str) -> DeadLetter:
+        """The dead letter of a consumed record, keyed and sourced like it."""
+        return cls.of(rec.value, reason=reason, stage=stage, source=rec.source, key=rec.key)
 
     def payload(self) -> bytes:
         return base64.b64decode(self.payload_b64)

@@ -57,6 +57,7 @@ __all__ = [
     "command_refusal",
     "commands_key",
     "event_bytes",
+    "SNAPSHOT_HEADER",
     "fresh_value",
     "parse_fresh",
     "signed_event_headers",
@@ -73,6 +74,9 @@ __all__ = [
 HOST_HEADER = "c4-host"
 SIG_HEADER = "c4-sig"
 FRESH_HEADER = "c4-fresh"
+SNAPSHOT_HEADER = "c4-fr-snapshot"
+"""Header of a Flight Recorder snapshot's message (its id, part and the dumps' facts):
+inside the signature when present, since the worker judges the snapshot by it."""
 """Optional header of a signed events message: ``<seq>.<ts_us>``, the signing host's
 message sequence number and its wall time when it signed, both inside the signature
 (a captured message re-sent later repeats its seq and its age shows)."""
@@ -83,6 +87,7 @@ COMMANDS_CONTEXT = b"c4stream/commands"
 _VERSION = b"v1="
 _EVENTS_DOMAIN = b"c4stream/events/v1"
 _FRESH_DOMAIN = b"c4stream/events/v2"
+_SNAPSHOT_DOMAIN = b"c4stream/events/v3"
 _COMMANDS_DOMAIN = b"c4stream/commands/v1"
 _LEN = struct.Struct("!I")
 # Same rule as producers.guard.HOST_PATTERN (the floor cannot import producers): a key
@@ -123,13 +128,20 @@ def _framed(*parts: bytes) -> bytes:
 
 
 def event_bytes(
-    value: bytes, host: str, content_type: bytes | str | None, fresh: bytes | None = None
+    value: bytes,
+    host: str,
+    content_type: bytes | str | None,
+    fresh: bytes | None = None,
+    snapshot: bytes | None = None,
 ) -> bytes:
     """What an events message's signature covers: domain, host, content type, value, and
     the ``c4-fresh`` header when the message has one (another domain: a v1 signature,
     without it, stays valid, and a fresh header cannot be added to or taken off a
-    signed message)."""
+    signed message); a ``c4-fr-snapshot`` header too (a third domain), so a snapshot's
+    facts cannot be changed or put on a stream message."""
     ct = content_type.encode() if isinstance(content_type, str) else (content_type or b"")
+    if snapshot is not None:
+        return _framed(_SNAPSHOT_DOMAIN, host.encode(), ct, fresh or b"", snapshot, value)
     if fresh is None:
         return _framed(_EVENTS_DOMAIN, host.encode(), ct, value)
     return _framed(_FRESH_DOMAIN, host.encode(), ct, fresh, value)
@@ -178,7 +190,7 @@ def signed_event_headers(
     out = [(k, v) for k, v in headers or () if k not in drop]
     ct = header(out, "content-type")
     fv = fresh_value(*fresh) if fresh is not None else None
-    sig = sign(key, event_bytes(value, host, ct, fv))
+    sig = sign(key, event_bytes(value, host, ct, fv, header(out, SNAPSHOT_HEADER)))
     mine = [(HOST_HEADER, host.encode())] + ([(FRESH_HEADER, fv)] if fv is not None else [])
     return [*out, *mine, (SIG_HEADER, sig)]
 

@@ -136,12 +136,27 @@ def exporter(
         ),
         Key("summary_k"),
     ] = 0,
+    fr_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--fr-dir",
+            help="also follow this Flight Recorder dump directory (TORCH_FR_DUMP_TEMP_FILE's); "
+            "each whole dump is published with the time it was seen ([exporter] dump_*)",
+        ),
+        Key("dump_directory"),
+    ] = None,
+    fr_pattern: Annotated[
+        str,
+        typer.Option("--fr-pattern", help="which files there are dumps, e.g. '_dump_*'"),
+        Key("dump_pattern"),
+    ] = "*",
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = None,
     log_level: LogLevel = None,
     log_json: LogJson = False,
 ) -> None:
-    """Follow an NCCL Inspector dump directory and publish its events to Kafka."""
+    """Follow an NCCL Inspector dump directory (and a Flight Recorder one) and publish
+    their events to Kafka."""
     from rich.console import Console
 
     from c4base.config import load_section

@@ -51,7 +51,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import numpy as np
@@ -70,7 +70,8 @@ from producers.traces import BadLine, TraceLine, read_trace
 
 if TYPE_CHECKING:  # the columnar readers (pyarrow) load when a columnar file is read
     from producers.columnar import EventColumns
-    from producers.formats.parquet_archive import ArchiveBlock, SeenMessages
+    from producers.columnar.blocks import ArchiveBlock
+    from producers.formats.parquet_archive import SeenMessages
 
 __all__ = [
     "BadLine",
@@ -122,6 +123,9 @@ class SourceBatch:
     block: ArchiveBlock | None = None
     """Many archived messages at once, as one set of columns (``open_sources(...,
     blocks=True)``); ``columns`` is then None."""
+    summaries: Sequence[Any] = ()
+    """A message of windows summarised at the source: its summaries
+    (:class:`producers.summary.SummaryEvent`; ``events`` are what they expand to)."""
 
     @property
     def ts_us(self) -> int:
@@ -218,10 +222,13 @@ def _read_file(
         for row, block in got:
             rows = LazyEvents(block.table, np.arange(block.n))
             yield SourceBatch(f"{name}:{row}", rows, block=block)
+    elif kind == "trace" and blocks:
+        yield from _trace_blocks(path, on_bad, alone)
     elif kind == "trace":
         for item in read_trace(path):
             if isinstance(item, TraceLine):
-                yield SourceBatch(f"{name}:{item.lineno}", item.events, item.raw)
+                yield SourceBatch(f"{name}:{item.lineno}", item.events, item.raw,
+                                  summaries=item.summaries)  # fmt: skip
             elif on_bad is not None:
                 on_bad(item)
     elif kind in _COLUMNAR:
@@ -234,6 +241,50 @@ def _read_file(
             yield SourceBatch(f"{name}:{lineno}", [ev])
     else:
         yield from _read_snapshot([path], job, on_bad)
+
+
+def _trace_blocks(path: Path, on_bad: OnBad | None, alone: bool) -> Iterator[SourceBatch]:
+    """A contract trace as blocks of columns: each line decoded and checked as ever (a
+    bad line goes to ``on_bad``), then many lines' events turned into columns at once.
+    A line of summaries comes out alone, as its events with its summaries (the lines
+    before it first), so its evidence stays beside its own events."""
+    from producers.columnar import LazyEvents
+    from producers.columnar.blocks import json_blocks
+
+    pending: list[tuple[int, Sequence[Event]]] = []
+
+    def blocks() -> Iterator[SourceBatch]:
+        for lineno, got in json_blocks(pending, by_second=not alone):
+            if isinstance(got, Sequence):  # values no column holds: as the events themselves
+                yield SourceBatch(f"{path}:{lineno}", got)
+            else:
+                yield SourceBatch(
+                    f"{path}:{lineno}", LazyEvents(got.table, np.arange(got.n)), block=got
+                )
+        pending.clear()
+
+    rows = 0
+    for item in read_trace(path):
+        if not isinstance(item, TraceLine):
+            if on_bad is not None:
+                on_bad(item)
+            continue
+        if item.summaries:
+            yield from blocks()
+            rows = 0
+            yield SourceBatch(f"{path}:{item.lineno}", item.events, item.raw,
+                              summaries=item.summaries)  # fmt: skip
+            continue
+        pending.append((item.lineno, item.events))
+        rows += len(item.events)
+        if rows >= _BLOCK_ROWS:  # json_blocks cuts at its max_rows anyway: never more held
+            yield from blocks()
+            rows = 0
+    yield from blocks()
+
+
+_BLOCK_ROWS = 65_536
+"""Rows of trace lines held before they are turned into columns (json_blocks' max)."""
 
 
 def _snapshots(files: list[Path]) -> list[list[Path]]:
@@ -320,8 +371,9 @@ def open_sources(
 
     Every file is checked up front (so a missing path fails before anything is read),
     then read lazily: memory stays bounded by one batch per file (a block: at most
-    64k rows). ``blocks``: the Parquet archive comes as :class:`ArchiveBlock` (many
-    messages per batch) when it is the only stream (one directory of files, merged by
+    64k rows). ``blocks``: the Parquet archive (or one JSON-lines trace, decoded into
+    columns) comes as :class:`ArchiveBlock` (many messages per batch) when it is the
+    only stream (one directory of files, merged by
     the second of their messages; with other streams, merged by exact event time,
     messages come one at a time as without ``blocks``). ``dump_time_us``: when Flight
     Recorder dumps were taken, for dumps whose mtimes are lost (``--dump-time``).
@@ -337,10 +389,12 @@ def open_sources(
             except OSError as err:
                 raise SourceError(f"{f}: cannot read: {err}") from None
     # blocks only when the archive is one stream: nothing to interleave message by message
-    blocks = (
-        blocks
-        and len({f.parent for _, f, _, _ in found}) == 1
-        and all(kind in _COLUMNAR for _, _, kind, _ in found)
+    blocks = blocks and (
+        (
+            len({f.parent for _, f, _, _ in found}) == 1
+            and all(kind in _COLUMNAR for _, _, kind, _ in found)
+        )
+        or [kind for _, _, kind, _ in found] == ["trace"]  # one JSON-lines trace
     )
     archive: dict[Path, list[Iterator[SourceBatch]]] = {}  # Parquet/IPC files by directory
     seen: dict[Path, SeenMessages] = {}  # per directory: archived messages read once
@@ -362,7 +416,7 @@ def open_sources(
                 _read_file(f, kind, the_job, on_bad, dedupe, blocks, alone)
             )
         else:
-            streams.append(_read_file(f, kind, the_job, on_bad))
+            streams.append(_read_file(f, kind, the_job, on_bad, None, blocks, alone))
     for (_, the_job), files in dumps.items():
         for snapshot in _snapshots(files):
             streams.append(_read_snapshot(snapshot, the_job, on_bad, dump_time_us))

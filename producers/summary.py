@@ -13,18 +13,18 @@ collective costs more wire records than the detectors need. An exporter with
   ``op`` event, so the straggler's "who arrived last" still has matched collectives.
 
 Progress heartbeats are not summarised. A window is closed at a publish cycle once it
-holds a sample (so every summary has a *carrier*, below), or after ``max_hold``
-cycles without one.
+holds a sample (so its summary travels with an op event of its rank, which the worker's
+admission checks against the rank's identity: the summary is vouched for), or after
+``max_hold`` cycles without one.
 
 :func:`expand` is the edge conversion that keeps each detector rule written once: a
-summary becomes what the core already consumes. Its per-peer totals replace the
-connections of its carrier — the window's last sample of the same (communicator, rank)
-— and the other samples of the window lose theirs (the totals count them already), so
-the slow-connection matrix, which sums bytes and time per cell over its window, gets the
-same sums as from the raw collectives; the samples are otherwise ordinary op events
-(straggler, op normal, rank identities). Counters for the hang detector come
-from the progress heartbeats, as on raw input. A summary with no carrier in its message
-(a window force-closed without a sample) gives up its per-peer totals, counted.
+message becomes the ordinary events the core already consumes — the samples (straggler,
+op normal, rank identities) and progress heartbeats (the hang detector's counters, as on
+raw input). A sample inside a summary with per-peer totals loses its own connections:
+the totals count them, and they reach the slow-connection matrix whole, every window,
+through :mod:`streams.core.summary_evidence` (with the kernel-time statistics the
+straggler rule weighs), which the worker, ``c4stream detect`` and the archive's reader
+call alike.
 
 Old workers decode with :func:`producers.events.decode_message`, which knows only
 ``op`` and ``progress``: a message with a summary is dead-lettered whole with the
@@ -41,9 +41,9 @@ decoder's reason (``Invalid value 'summary' - at `$[i].kind```; Arrow: ``Invalid
 (['OpEvent', 'SummaryEvent'], 200, 1600)
 >>> [r.seq for r in recs[:-1]] == [q for q in range(1, 201) if is_sample(q, 64)]
 True
->>> events = expand(recs)  # the edge: the last sample carries the window's per-peer totals
->>> len(events) == len(recs) - 1, events[-1].conns[0].bytes
-(True, 1600)
+>>> events = expand(recs)  # the edge: samples only, their traffic is in the totals
+>>> len(events) == len(recs) - 1, any(e.conns for e in events)
+(True, False)
 """
 
 from __future__ import annotations
@@ -212,16 +212,17 @@ def decode_with_summaries(
 @dataclass
 class ExpandStats:
     summaries: int = 0
-    carried: int = 0
-    """Summaries whose per-peer totals went onto a carrier sample."""
-    uncarried: int = 0
-    """Summaries with per-peer totals but no carrier in their message (totals dropped)."""
+    stripped: int = 0
+    """Samples whose own connections were dropped (their summary's per-peer totals count
+    them: :mod:`streams.core.summary_evidence` folds those)."""
 
 
 def expand(items: Iterable[Event | SummaryEvent], stats: ExpandStats | None = None) -> list[Event]:
     """A message's records as the ordinary events the detection core consumes (see the
-    module doc): summaries go, their per-peer totals become their carrier's
-    connections. Events keep their order."""
+    module doc): summaries go; a sample inside the seq range of a summary with per-peer
+    totals loses its own connections (the totals count them, and reach the
+    slow-connection matrix through :mod:`streams.core.summary_evidence`). Events keep
+    their order."""
     events: list[Event] = []
     summaries: list[SummaryEvent] = []
     for it in items:
@@ -232,28 +233,19 @@ def expand(items: Iterable[Event | SummaryEvent], stats: ExpandStats | None = No
     if not summaries:
         return events
     st = stats if stats is not None else ExpandStats()
-    # the last sample of each (comm, rank) per window: index into events
-    by_lane: dict[tuple[str, int], list[int]] = {}
-    for i, ev in enumerate(events):
-        if ev.__class__ is OpEvent:
-            by_lane.setdefault((ev.comm, ev.rank), []).append(i)
+    st.summaries += len(summaries)
+    ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for s in summaries:
-        st.summaries += 1
-        if not s.peers:
-            continue
-        inside = [
-            i
-            for i in by_lane.get((s.comm, s.rank), ())
-            if s.seq_first <= events[i].seq <= s.seq_last  # type: ignore[union-attr]
-        ]
-        if not inside:
-            st.uncarried += 1
-            continue
-        best = max(inside, key=lambda i: events[i].seq)  # type: ignore[union-attr]
-        for i in inside:  # the totals include every sample's own traffic: once, on the carrier
-            conns = list(s.peers) if i == best else None
-            events[i] = msgspec.structs.replace(events[i], conns=conns)  # type: ignore[arg-type]
-        st.carried += 1
+        if s.peers:
+            ranges.setdefault((s.comm, s.rank), []).append((s.seq_first, s.seq_last))
+    if not ranges:
+        return events
+    for i, ev in enumerate(events):
+        if ev.__class__ is OpEvent and ev.conns:
+            spans = ranges.get((ev.comm, ev.rank), ())
+            if any(lo <= ev.seq <= hi for lo, hi in spans):  # type: ignore[union-attr]
+                events[i] = msgspec.structs.replace(ev, conns=None)  # type: ignore[arg-type]
+                st.stripped += 1
     return events
 
 
@@ -288,8 +280,9 @@ class Summariser:
     ``add`` every op event in arrival order; ``flush`` at each publish cycle returns per
     communicator the records to send (samples, then summaries) and the marks of the ops
     they cover. A window without a sample yet is held for up to ``max_hold`` flushes so
-    that its summary has a carrier (see the module doc); ``force`` closes everything.
-    With ``every = n`` a window spans n flushes (one summary per n intervals)."""
+    that its summary travels with a sample of its rank (see the module doc); ``force``
+    closes everything. With ``every = n`` a window spans n flushes (one summary per n
+    intervals)."""
 
     def __init__(self, k: int, *, every: int = 1, max_hold: int = 4) -> None:
         if k < 1 or every < 1:
@@ -353,7 +346,7 @@ class Summariser:
             recs.append(summarise(w, self.k))
             for k, v in w.marks.items():
                 marks.setdefault(k, v)
-        # samples first, then summaries, so a reader meets carriers before their summary
+        # samples first, then summaries, so a reader meets a rank's samples before its summary
         for recs, _marks in out.values():
             recs.sort(key=lambda r: isinstance(r, SummaryEvent))
         return out

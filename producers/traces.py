@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 from producers.events import Event, EventDecodeError, decode_message, encode_message
-from producers.summary import decode_expanded, has_summaries
+from producers.summary import SummaryEvent, decode_with_summaries, expand, has_summaries
 
 __all__ = ["BadLine", "TraceLine", "TraceWriter", "iter_events", "read_trace"]
 
@@ -42,6 +42,9 @@ class TraceLine:
     lineno: int
     raw: bytes
     events: list[Event]
+    summaries: Sequence[SummaryEvent] = ()
+    """A line of windows summarised at the source: its summaries (``events`` are what
+    they expand to), the evidence :mod:`streams.core.summary_evidence` folds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +98,10 @@ def read_trace(path: str | Path) -> Iterator[TraceLine | BadLine]:
                     if not has_summaries(line):
                         yield BadLine(name, lineno, line, str(err))
                         continue
-                    try:  # a line of summaries and samples: judged as its events
-                        yield TraceLine(name, lineno, line, decode_expanded(line))
+                    try:  # a line of summaries and samples: its events and its summaries
+                        items = decode_with_summaries(line)
+                        sums = [x for x in items if isinstance(x, SummaryEvent)]
+                        yield TraceLine(name, lineno, line, expand(items), sums)
                     except EventDecodeError as err2:
                         yield BadLine(name, lineno, line, str(err2))
         except (EOFError, gzip.BadGzipFile) as err:

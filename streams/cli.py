@@ -49,10 +49,10 @@ def worker(
     Logs and the Prometheus /metrics endpoint follow [log] and [metrics] of --config;
     the flags win over the file.
     """
+    from c4base import lifeguard
     from c4base.kafka import KafkaCredentialsError
     from c4base.service import start_service
     from c4base.settings_loader import SettingsError
-    from streams.app import lifeguard
     from streams.app.settings import WorkerConfigError, load_worker_config
     from streams.app.topics_admin import TopicSetupError
     from streams.worker import run_worker

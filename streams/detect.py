@@ -37,6 +37,8 @@ from producers.sources import SourceBatch, SourceError, open_sources
 from producers.traces import BadLine
 from streams.commands import IsolationCommand, encode_command
 from streams.core import DetectConfig, DetectionPipeline, PolicyConfig
+from streams.core.columns import ColumnBlockLike, EventColumnsLike, PartsBlock, as_parts
+from streams.core.summary_evidence import vouched
 
 __all__ = ["DetectInputError", "DetectResult", "run_detect", "summary_table"]
 
@@ -149,6 +151,8 @@ def _run_detect(
     # they are small (a ring of at most a few thousand entries per rank).
     snapshots: dict[str, list[Event]] = {}
     facts: dict[str, SnapshotFacts] = {}
+    parts: list[EventColumnsLike] = []  # events read as objects, not yet fed
+    sums: dict[int, list[object]] = {}  # windows at the source: summaries by their part
     with _open_out(outp) as fh:
         for batch in batches:
             cols, block = batch.columns, batch.block  # the Parquet archive: as columns
@@ -165,14 +169,16 @@ def _run_detect(
                 if batch.facts is not None:
                     facts[batch.snapshot] = batch.facts
                 continue
-            if block is not None:
-                cmds = pipe.feed_block(block)
-            elif cols is not None:
-                cmds = pipe.feed_columns(cols)
-            else:
-                cmds = pipe.feed(batch.events)
-            for cmd in cmds:
+            if block is None and cols is None:  # events as objects: into columns here
+                parts += as_parts(batch.events)
+                if batch.summaries and parts:  # folded with the slice of the line's events
+                    sums[len(parts) - 1] = vouched(batch.summaries, batch.events)
+                if len(parts) < _PARTS:
+                    continue  # many lines as one block: the same slices, less per line
+            for cmd in _feed(pipe, parts, block or (PartsBlock(cols) if cols else None), sums):
                 fh.write(encode_command(cmd) + b"\n")
+        for cmd in _feed(pipe, parts, None, sums):
+            fh.write(encode_command(cmd) + b"\n")
         for key, snap in snapshots.items():
             for cmd in pipe.judge_snapshot(snap, facts.get(key)):
                 fh.write(encode_command(cmd) + b"\n")
@@ -188,9 +194,31 @@ def _run_detect(
     return res
 
 
+_PARTS = 1024
+"""Batches of events read as objects fed to the pipeline as one block (one per line of a
+JSON trace: fed one by one, each costs a block of its own)."""
+
+
+def _feed(
+    pipe: DetectionPipeline,
+    parts: list[EventColumnsLike],
+    block: ColumnBlockLike | None,
+    sums: dict[int, list[object]],
+) -> list[IsolationCommand]:
+    """The parts waiting (in order, with the summaries of their lines), then ``block``,
+    into the pipeline: the one way in, blocks of columns; the commands decided
+    meanwhile."""
+    out = pipe.feed_block(PartsBlock(parts), sums or None) if parts else []
+    parts.clear()
+    sums.clear()
+    return out + (pipe.feed_block(block) if block is not None else [])
+
+
 def summary_table(res: DetectResult):  # -> rich.table.Table (rich imported lazily)
     """The commands as a table a person reads: time, host, component, fault, action, …"""
     from rich.table import Table
+
+    from streams.scoring import component_label
 
     t0 = res.first_ts_us or 0
     table = Table(
@@ -203,20 +231,12 @@ def summary_table(res: DetectResult):  # -> rich.table.Table (rich imported lazi
     for col in ("t (s)", "host", "component", "fault", "action", "conf.", "reason"):
         table.add_column(col, overflow="fold")
     for c in res.commands:
-        comp = ", ".join(
-            x
-            for x in (
-                f"GPU {c.gpu}" if c.gpu is not None else "",
-                c.nic or "",
-                f"-> {c.peer_host}" if c.peer_host else "",
-            )
-            if x
-        )
+        comp = component_label(c.gpu, c.nic, c.peer_host, c.fault)  # the demo's words
         action = c.action + (" (dry run)" if c.dry_run else "")
         table.add_row(
             f"{(c.ts_us - t0) / 1e6:.1f}",
             c.host,
-            comp or "host",
+            comp,
             c.fault,
             action,
             f"{c.confidence:.2f}",

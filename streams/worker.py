@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
+from c4base import lifeguard
 from c4base.kafka import KafkaCredentialsError
+from c4base.lifeguard import write_status
 from c4base.metrics import Metrics, MetricsConfig
-from streams.app import lifeguard
-from streams.app.agents import write_status
 from streams.app.faust_app import make_app
 from streams.app.settings import WorkerConfig
 from streams.app.topics_admin import ensure_topics
@@ -50,7 +50,7 @@ def run_worker(
     leaves the root logger alone instead of installing its own handlers at
     ``config.loglevel``.
     """
-    import faust
+    from streams.app.faust_adapter import BoundedStopWorker
 
     ensure_topics(config)
     # A fresh loop per run: Faust binds its services to the loop current at creation.
@@ -77,34 +77,11 @@ def run_worker(
         on_lost=broker_lost,
     )
 
-    class Worker(faust.Worker):
-        def _setup_logging(self) -> None:
-            if not own_logging:
-                super()._setup_logging()
-            lifeguard.install_repeat_filter()
-
-        def install_signal_handlers(self) -> None:
-            super().install_signal_handlers()
-            # the stop deadline starts when the signal arrives, not when the loop next
-            # gets a turn (a long step once kept SIGTERM waiting for a minute)
-            lifeguard.arm_on_signal(
-                (signal.SIGTERM, signal.SIGINT),
-                config.stop_grace_s,
-                lambda: write_status(status_path, {**parts.status(), "ready": False}),
-            )
-
-        def _schedule_shutdown(self, signum: signal.Signals) -> None:
-            # Faust's clean stop waits for the broker; bound it (status 4 past the grace).
-            if not self._signal_stop_time:
-                log.info("%s: stopping (at most %.0fs)", signum.name, config.stop_grace_s)
-                lifeguard.stop_deadline(
-                    config.stop_grace_s,
-                    lambda: write_status(status_path, {**parts.status(), "ready": False}),
-                )
-            super()._schedule_shutdown(signum)
-
-    worker = Worker(
+    worker = BoundedStopWorker(
         app,
+        grace_s=config.stop_grace_s,
+        on_overdue=lambda: write_status(status_path, {**parts.status(), "ready": False}),
+        own_logging=own_logging,
         loglevel=config.loglevel,
         quiet=True,
         redirect_stdouts=False,

@@ -65,6 +65,14 @@ more than a few seconds without needing any of the above carries ``@pytest.mark.
 itself (or its file is listed here): the fast tier must stay under a minute."""
 
 
+SHARED_GROUPS = {"kube_cluster": "kubernetes"}
+"""Session fixtures too costly to start once per xdist worker (a kube-apiserver with etcd
+and controllers): every test that uses one runs on the same worker (``--dist loadgroup``,
+as ``./run test`` runs the suite)."""
+
+
+# tryfirst: xdist's own hook reads the ``xdist_group`` marks right after this one.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     for item in items:
@@ -76,6 +84,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if rel.startswith(prefix):
                 for mark in marks:
                     item.add_marker(mark)
+        group = _worker_group(item, rel)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _worker_group(item: pytest.Item, rel: str) -> str | None:
+    """The xdist group of a test: the shared session fixture it uses, else its module
+    when it uses a module-scoped fixture (a simulated trace, a worker fed once: computed
+    once, on one worker), else none (spread freely)."""
+    names = getattr(item, "fixturenames", ())
+    for fixture, group in SHARED_GROUPS.items():
+        if fixture in names:
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for name, defs in info.name2fixturedefs.items() if info else ():
+        if defs and defs[-1].scope == "module":
+            module = rel or item.nodeid.split("::")[0]
+            # a parametrised module fixture is one instance per parameter: one group each
+            # (no "[", "]" or "@" in a group: xdist reads the group after the last "@"
+            # only when no "]" follows it)
+            return (
+                f"{module}:{re.sub(r'[][@]', '_', str(params[name]))}" if name in params else module
+            )
+    return None
 
 
 # --------------------------------------------------------------------------- Kafka

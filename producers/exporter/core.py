@@ -40,9 +40,11 @@ from c4base.signing import Sequencer, load_key, signed_event_headers
 from c4base.topics import Topics
 from producers.columnar import WireFormat, encode_batch
 from producers.events import Event, OpEvent, edge_problem, encode_message
-from producers.exporter.positions import FilePosition, PositionStore
+from producers.exporter.dumps import DumpWatcher, WholeDump, read_snapshot
+from producers.exporter.positions import DumpRecord, FilePosition, PositionStore
 from producers.exporter.publisher import Publisher, PublisherConfig, PublisherStopped
 from producers.exporter.tail import DirectoryTailer, Line, ReadPosition
+from producers.formats.fr_dump import DEFAULT_MAX_DUMP_BYTES
 from producers.formats.inspector import (
     InspectorError,
     InspectorStatsRecord,
@@ -107,6 +109,21 @@ class ExporterConfig:
     summary_intervals: int = 1
     """With summaries: one summary per rank per this many intervals (fewer records; its
     samples wait for it, so detection is up to this many intervals later)."""
+    dump_directory: Path | None = None
+    """A Flight Recorder dump directory to follow too (``TORCH_FR_DUMP_TEMP_FILE``'s;
+    :mod:`producers.exporter.dumps`, docs/flight-recorder.md). None: none."""
+    dump_pattern: str = "*"
+    dump_settle_s: float = 1.0
+    """A dump is whole once it parses and has not changed for this long."""
+    dump_give_up_s: float = 300.0
+    dump_gather_s: float = 5.0
+    """Dumps whole within this long of the first one are one snapshot."""
+    max_dump_bytes: int = DEFAULT_MAX_DUMP_BYTES
+    max_gather_bytes: int = 1 << 30
+    """Dumps held for one snapshot are sent once their files reach this size together."""
+    dump_all_ranks: bool = False
+    """The directory holds every rank's dumps (a shared file system); False (a node's
+    own): only its empty dumps are absent ranks, other nodes' ranks are not missing."""
 
     def __post_init__(self) -> None:
         encode_batch([], self.format)  # an unknown format is a config error, said at once
@@ -119,6 +136,11 @@ class ExporterConfig:
                     "signs only its own host's events)"
                 )
             load_key(self.signing_key_file)  # missing, short, readable by others: say so now
+        if self.dump_all_ranks and self.host is not None and self.dump_directory is not None:
+            raise ValueError(
+                "dump_all_ranks (a shared directory of every node's dumps) with host: every "
+                "rank would be given this host; run that exporter without host"
+            )
         if self.summary_k < 0 or self.summary_intervals < 1:
             raise ValueError("summary_k must be >= 0 (0: no summaries), summary_intervals >= 1")
         if self.max_nranks < 1 or self.max_future_skew_s < 0 or self.max_past_skew_s < 0:
@@ -177,7 +199,9 @@ class Exporter:
         clock: Callable[[], float] = time.monotonic,
         publisher: Publisher | None = None,
         metrics: MetricsLike | None = None,
+        wall_us: Callable[[], int] | None = None,
     ) -> None:
+        """``wall_us``: this host's wall clock in µs (the time a dump is seen whole)."""
         self.config = config
         self.metrics = metrics or NullMetrics()
         self._counted = ExporterStats()
@@ -217,6 +241,25 @@ class Exporter:
             else None
         )
         self.stats = ExporterStats()
+        self._dumps_saved = self._store.load_dumps()
+        self._dumps = (
+            DumpWatcher(
+                config.dump_directory,
+                pattern=config.dump_pattern,
+                settle_s=config.dump_settle_s,
+                give_up_s=config.dump_give_up_s,
+                max_bytes=config.max_dump_bytes,
+                done=self._dumps_saved,
+                clock=clock,
+                wall_us=wall_us or (lambda: time.time_ns() // 1000),
+            )
+            if config.dump_directory is not None
+            else None
+        )
+        self._gather: list[WholeDump] = []
+        self._gather_since = 0.0
+        self._dump_pending: list[tuple[list[_Unit], dict[str, DumpRecord]]] = []
+        """Units of published dumps not yet acknowledged, and the dumps they hold."""
 
     # ------------------------------------------------------------------ steps
 
@@ -224,6 +267,8 @@ class Exporter:
         """One step: read, parse, and publish when the interval is up (or ``publish``)."""
         for line in self._tailer.poll():
             self._take(line)
+        if self._dumps is not None:
+            self._poll_dumps()
         due = self._clock() - self._last_publish >= self.config.interval_s
         if publish or (publish is None and due):
             self._publish_cycle()
@@ -240,6 +285,8 @@ class Exporter:
         """Publish what is pending, wait for it, save positions, release files."""
         self._closing = True  # open summary windows close now
         try:
+            if self._gather:
+                self._publish_snapshot()
             self._publish_cycle()
         finally:
             self._tailer.close()
@@ -312,22 +359,92 @@ class Exporter:
         return f"refused at the exporter: {why}"
 
     def _dead_letter(self, line: Line, reason: str) -> None:
+        self._send(self._dead_unit(line.raw, reason, line.path, line.lineno, line))
+
+    def _dead_unit(
+        self, raw: bytes, reason: str, path: str, lineno: int, line: Line | None = None
+    ) -> _Unit:
         unit = _Unit(
             self.config.deadletter_topic,
-            line.path.encode(),
+            path.encode(),
             DeadLetter.of(
-                line.raw,
-                reason=reason,
-                stage="exporter",
-                source=f"{line.path}:{line.lineno}",
-                key=line.path,
+                raw, reason=reason, stage="exporter", source=f"{path}:{lineno}", key=path
             ).encode(),
         )
-        unit.cover(line)
+        if line is not None:
+            unit.cover(line)
         self.stats.deadletters += 1
-        self._send(unit)
+        return unit
 
-    def _send_batch(self, unit: _Unit) -> None:
+    # ------------------------------------------------------ Flight Recorder dumps
+
+    def _poll_dumps(self) -> None:
+        assert self._dumps is not None
+        ready, bad = self._dumps.poll()
+        for path, reason, key, record in bad:  # done once its dead letter is acknowledged
+            unit = self._dead_unit(b"", reason, path, 0)
+            self._dump_pending.append(([unit], {key: record}))
+            self._send(unit)
+        if ready and not self._gather:
+            self._gather_since = self._clock()
+        self._gather += ready
+        held = sum(d.record.size for d in self._gather)
+        due = self._clock() - self._gather_since >= self.config.dump_gather_s
+        if self._gather and (due or held >= self.config.max_gather_bytes):
+            self._publish_snapshot()
+
+    def _publish_snapshot(self) -> None:
+        """Read the gathered dumps together (one snapshot) and send its events, the time
+        each dump was first seen whole as its dump time, in messages of one key with the
+        ``c4-fr-snapshot`` header (:mod:`producers.formats.fr_wire`)."""
+        from producers.formats.fr_wire import SNAPSHOT_HEADER, snapshot_header
+
+        dumps, self._gather = self._gather, []
+        cfg = self.config
+        snap, read, facts, bad = read_snapshot(
+            dumps, job=self.job, host=cfg.host, all_ranks=cfg.dump_all_ranks
+        )
+        units = [self._dead_unit(b.raw, b.reason, b.path, 0) for b in bad]
+        events: list[tuple[Event, bytes | None]] = []
+        for path, ev in read:
+            part = None if self._arrow else _encode_event(ev)
+            refused = self._refusal(ev, part)
+            if refused is not None:
+                self.stats.refused += 1
+                units.append(self._dead_unit(b"", refused, str(path), 0))
+            else:
+                events.append((ev, part))
+        self.stats.events += len(events)
+        # one key for the whole snapshot (one partition), split as any batch is
+        key = f"fr-snapshot:{snap}".encode()
+        chunks = [_Unit(cfg.events_topic, key)]
+        for ev, part in events:
+            unit = chunks[-1]
+            if (
+                len(unit.parts) + len(unit.events) >= cfg.max_batch_events
+                or unit.nbytes >= cfg.max_batch_bytes
+            ):
+                unit = _Unit(cfg.events_topic, key)
+                chunks.append(unit)
+            if self._arrow:
+                unit.events.append(ev)
+                unit.nbytes += _ARROW_ROW_BYTES
+            else:
+                assert part is not None
+                unit.parts.append(part)
+                unit.nbytes += len(part) + 1
+            unit.ts_us = max(unit.ts_us, ev.ts_us)
+        batches = [(u, snapshot_header(snap, i, len(chunks), facts)) for i, u in enumerate(chunks)]
+        records = {d.key: d.record for d in dumps}
+        self._dump_pending.append((units + [u for u, _ in batches], records))
+        for unit in units:
+            self._send(unit)
+        for unit, header in batches:
+            self._send_batch(unit, [(SNAPSHOT_HEADER, header)])
+        log.info("published a Flight Recorder snapshot of %d dumps (%d events)",
+                 len(dumps), len(events))  # fmt: skip
+
+    def _send_batch(self, unit: _Unit, extra: list[tuple[str, bytes]] | None = None) -> None:
         if unit.summary and self._arrow:
             from producers.summary_arrow import encode_arrow_with_summaries
 
@@ -339,6 +456,8 @@ class Exporter:
         else:
             unit.value = b"[" + b",".join(unit.parts) + b"]"  # what encode_message(events) gives
         unit.parts = []  # the message bytes are what is kept for a resend
+        if extra:
+            unit.headers = [*(unit.headers or []), *extra]
         if self._key is not None and self.config.host is not None:
             # seq and time inside the signature: a re-sent unit keeps them (a retry
             # is an exact repeat), a captured one replayed later is refused
@@ -428,9 +547,19 @@ class Exporter:
             for key in u.first:
                 if key not in files and key in self._saved:
                     files[key] = self._saved[key]
-        if files != self._saved:
-            self._store.save(files)
-            self._saved = files
+        dumps = self._dumps_saved
+        if self._dumps is not None:
+            still = []
+            for units, records in self._dump_pending:
+                if any(u in self._inflight for u in units):
+                    still.append((units, records))
+                else:  # every message of these dumps acknowledged
+                    dumps = {**dumps, **records}
+            self._dump_pending = still
+            dumps = {k: v for k, v in dumps.items() if k in self._dumps.done}  # gone: forget
+        if files != self._saved or dumps != self._dumps_saved:
+            self._store.save(files, dumps)
+            self._saved, self._dumps_saved = files, dumps
             self.stats.positions_saved += 1
 
     def sync_metrics(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 
-__all__ = ["FilePosition", "PositionStore", "PositionsError", "fingerprint"]
+__all__ = ["DumpRecord", "FilePosition", "PositionStore", "PositionsError", "fingerprint"]
 
 
 class PositionsError(RuntimeError):
@@ -41,9 +41,19 @@ class FilePosition(msgspec.Struct, kw_only=True):
     head_len: int
 
 
+class DumpRecord(msgspec.Struct, kw_only=True):
+    """A version of a Flight Recorder dump file already published (or given up)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+
 class _State(msgspec.Struct, kw_only=True):
     v: int = 1
     files: dict[str, FilePosition] = {}
+    dumps: dict[str, DumpRecord] = {}
+    """Flight Recorder dumps published, by ``<dev>:<inode>`` (absent in older files)."""
 
 
 HEAD_BYTES = 64
@@ -61,20 +71,28 @@ class PositionStore:
         self.path = path
 
     def load(self) -> dict[str, FilePosition]:
+        return self._load().files
+
+    def load_dumps(self) -> dict[str, DumpRecord]:
+        return self._load().dumps
+
+    def _load(self) -> _State:
         if self.path is None or not self.path.exists():
-            return {}
+            return _State()
         try:
-            return msgspec.json.decode(self.path.read_bytes(), type=_State).files
+            return msgspec.json.decode(self.path.read_bytes(), type=_State)
         except (OSError, msgspec.DecodeError) as err:
             raise PositionsError(f"cannot read exporter state {self.path}: {err}") from None
 
-    def save(self, files: dict[str, FilePosition]) -> None:
+    def save(
+        self, files: dict[str, FilePosition], dumps: dict[str, DumpRecord] | None = None
+    ) -> None:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with open(tmp, "wb") as fh:
-            fh.write(msgspec.json.encode(_State(files=files)))
+            fh.write(msgspec.json.encode(_State(files=files, dumps=dumps or {})))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)

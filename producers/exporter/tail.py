@@ -77,8 +77,30 @@ class _Open:
     gone_since: float | None = None  # when it stopped matching the pattern
 
 
-def _key(st: os.stat_result) -> str:
+def file_key(st: os.stat_result) -> str:
+    """A file's identity across renames: ``<dev>:<inode>``."""
     return f"{st.st_dev}:{st.st_ino}"
+
+
+def regular_files(
+    directory: str | os.PathLike[str],
+) -> list[tuple[os.DirEntry, os.stat_result]] | None:
+    """The directory's regular files that are not hidden, with their stat (a file that
+    vanishes while listed is left out); None when the directory does not exist yet."""
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return None
+    out = []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            if entry.is_file():
+                out.append((entry, entry.stat()))
+        except FileNotFoundError:
+            continue
+    return out
 
 
 class DirectoryTailer:
@@ -135,23 +157,13 @@ class DirectoryTailer:
 
     def _scan(self) -> None:
         seen: set[str] = set()
-        try:
-            entries = list(os.scandir(self.directory))
-        except FileNotFoundError:
-            entries = []  # the training job has not created it yet
-        for entry in entries:
+        # (no directory: the training job has not created it yet)
+        for entry, st in regular_files(self.directory) or []:
             matches = fnmatch.fnmatch(entry.name, self.pattern)
             # On the first scan, files renamed away while we were down are found too.
-            wanted = matches or (self._first_scan and self._resume)
-            if not wanted or entry.name.startswith("."):
+            if not (matches or (self._first_scan and self._resume)):
                 continue
-            try:
-                if not entry.is_file():
-                    continue
-                st = entry.stat()
-            except FileNotFoundError:
-                continue
-            key = _key(st)
+            key = file_key(st)
             if not matches and key not in self._resume:
                 continue
             if matches:

@@ -64,26 +64,43 @@ ProgressEvent 0 1
 
 from __future__ import annotations
 
-import io
-import json
 import math
 import os
-import pickle
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from producers.events import Event, OpEvent, ProgressEvent
+from producers.formats.fr_dump import (
+    FlightRecorderError,
+    _dump_time_us,
+    _int,
+    _pg_name,
+    _ranks,
+    _records_starts,
+    _ts_ns,
+    default_host,
+    load_flight_recorder_dump,
+    looks_like_flight_recorder,
+    rank_from_filename,
+)
+from producers.formats.fr_facts import (
+    GroupFacts,
+    P2PWait,
+    SnapshotFacts,
+    group_members,
+    snapshot_facts,
+)
 from producers.guard import host_problem
 from producers.traces import BadLine
 
 __all__ = [
     "FlightRecorderError",
     "GroupFacts",
+    "LoadedDump",
     "P2PWait",
     "SnapshotFacts",
     "default_host",
@@ -99,160 +116,6 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
-class GroupFacts:
-    """One process group of a snapshot, as all its dumps together tell it."""
-
-    name: str
-    desc: str
-    members: list[int]
-    """Global ranks, sorted (a group's local rank is its index here)."""
-    size: int
-    """The group's size where the dumps record it (``pg_config``, an all-gather's
-    outputs, the world), else ``len(members)``; larger than ``members`` when a member's
-    dump is missing and it cannot be told which rank that is."""
-
-
-@dataclass(slots=True)
-class P2PWait:
-    """A send or receive a rank had not finished at its dump (NCCL records them)."""
-
-    group: str
-    rank: int
-    """Global rank that waits."""
-    peer: int | None
-    """Global rank it sends to or receives from (``None``: not in the name)."""
-    op: str
-    """``send`` or ``recv``."""
-    since_ns: int
-
-
-@dataclass(slots=True)
-class SnapshotFacts:
-    """What a snapshot's dumps say together beyond the events: who is in which group,
-    who left no dump or an empty one, unfinished sends/receives, and whether the dump
-    time is known (a trusted mtime on every dump, or ``--dump-time``)."""
-
-    groups: dict[str, GroupFacts] = field(default_factory=dict)
-    absent: dict[int, str] = field(default_factory=dict)
-    """Global rank → why it has nothing to say (``no dump`` or ``empty dump``)."""
-    hosts: dict[int, str] = field(default_factory=dict)
-    p2p_waits: list[P2PWait] = field(default_factory=list)
-    p2p_recorded: bool = False
-    """Whether any dump records sends/receives (NCCL does, gloo does not)."""
-    dump_time_known: bool = True
-    why_time_unknown: str = ""
-
-
-class FlightRecorderError(ValueError):
-    """A file is not a readable Flight Recorder dump.
-
-    The file is reported as bad input (``file:0: reason``) and skipped. A dump that
-    needs a class to unpickle is refused on purpose: real dumps hold only builtin
-    containers and scalars, so such a file is either not a dump or was tampered with.
-    """
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Unpickles builtin containers and scalars only: every class lookup is refused.
-
-    ``find_class`` is the only way a pickle can reach a callable (GLOBAL, STACK_GLOBAL,
-    INST, OBJ and the copyreg extension codes all go through it), so refusing it
-    refuses code execution.
-    """
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise FlightRecorderError(
-            f"refused to unpickle {module}.{name}: Flight Recorder dumps hold only builtin "
-            "containers and scalars, so this file is not a dump or was tampered with"
-        )
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise FlightRecorderError("refused a persistent id: not a Flight Recorder dump")
-
-
-def _loads_restricted(data: bytes) -> Any:
-    return _RestrictedUnpickler(io.BytesIO(data)).load()
-
-
-def looks_like_flight_recorder(head: bytes) -> bool:
-    """Whether the first bytes of a file look like a Flight Recorder dump.
-
-    >>> looks_like_flight_recorder(b'{"comm_lib_version":"2.21.5","entries":[')
-    True
-    >>> looks_like_flight_recorder(b'{"header":{"id":"0x1"')
-    False
-    """
-    s = head.lstrip()
-    if s.startswith(b"\x80"):  # pickle protocol >= 2
-        return True
-    return s.startswith(b"{") and any(
-        k in s for k in (b'"pg_config"', b'"pg_status"', b'"entries"', b'"comm_lib_version"')
-    )
-
-
-def load_flight_recorder_dump(path: str | Path) -> dict[str, Any]:
-    """Load one dump (pickle or JSON) as plain Python data; raises FlightRecorderError."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise FlightRecorderError(f"cannot read: {err}") from None
-    stripped = data.lstrip()
-    try:
-        if stripped.startswith(b"{"):
-            dump = json.loads(stripped)
-        elif stripped.startswith(b"\x80"):
-            dump = _loads_restricted(data)
-        else:
-            raise FlightRecorderError("neither a pickle nor a JSON object")
-    except FlightRecorderError:
-        raise
-    except (
-        pickle.UnpicklingError,
-        ValueError,
-        EOFError,
-        TypeError,
-        IndexError,
-        RecursionError,  # deep nesting in a JSON dump
-    ) as err:
-        raise FlightRecorderError(f"corrupt dump: {type(err).__name__}: {err}") from None
-    if not isinstance(dump, dict):
-        raise FlightRecorderError(f"dump is a {type(dump).__name__}, expected a dict")
-    if not any(k in dump for k in ("entries", "pg_status", "pg_config")):
-        raise FlightRecorderError("no entries, pg_status or pg_config: not a Flight Recorder dump")
-    return dump
-
-
-_RANK_AFTER = re.compile(r"(?:rank_?|_dump_)(\d+)(?!.*(?:rank_?|_dump_)\d)", re.IGNORECASE)
-_RANK_AT_END = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle|bin))?$")
-
-
-def rank_from_filename(path: str | Path) -> int:
-    """The global rank PyTorch put in the dump's file name.
-
-    PyTorch writes ``<prefix><rank>``: ``_dump_<rank>`` (the watchdog's file writer with
-    ``TORCH_FR_DUMP_TEMP_FILE=…/_dump_``), ``nccl_trace_rank_<rank>`` (older releases),
-    ``comm_lib_trace_rank_<rank>`` (the default since 2.7), or any prefix the job chose;
-    a host name in the prefix or after the rank (``…rank_3_node-07``) is no rank.
-
-    >>> rank_from_filename("/tmp/nccl_trace_rank_12"), rank_from_filename("dump_rank_3.json")
-    (12, 3)
-    >>> rank_from_filename("_dump_7"), rank_from_filename("comm_lib_trace_rank_5_gpu-node07")
-    (7, 5)
-    >>> rank_from_filename("node12.cluster_fr_3")
-    3
-    """
-    name = Path(path).name
-    m = _RANK_AFTER.search(name) or _RANK_AT_END.search(name)
-    if not m:
-        raise FlightRecorderError(
-            "no rank at the end of the file name (PyTorch writes <prefix><rank>, "
-            "e.g. nccl_trace_rank_3); rename the file so it ends in its rank"
-        )
-    return int(m.group(1))
-
-
-# c10::toString(ScalarType) names → bytes per element.
 _DTYPE_BYTES = {
     "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
     "Char": 1, "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16,
@@ -272,35 +135,36 @@ _OP_NAMES = {
     "reduce": "Reduce", "all_to_all": "AllToAll", "alltoall": "AllToAll",
     "alltoall_base": "AllToAll", "all_to_all_single": "AllToAll", "send": "Send",
     "recv": "Recv", "barrier": "Barrier", "gather": "Gather", "scatter": "Scatter",
+    # names the analyzer knows too (torch/distributed/flight_recorder/components/types.py)
+    "all_gather_single": "AllGather", "all_gather_v": "AllGather",
+    "reduce_scatter_single": "ReduceScatter", "reduce_scatter_v": "ReduceScatter",
+    "all_to_all_v_single": "AllToAll", "all_reduce_barrier": "Barrier",
+    "_broadcast_oop": "Broadcast", "_reduce_oop": "Reduce",
 }  # fmt: skip
 
 
-def default_host(rank: int) -> str:
-    """The host of a rank whose dump names none: PyTorch's analyzer's ``host_rank<N>``
-    made a valid RFC 1123 name."""
-    return f"host-rank{rank}"
-
-
 def _op_name(profiling_name: Any) -> str:
-    """``nccl:all_reduce`` → ``AllReduce``; unknown names pass through without prefix."""
+    """``nccl:all_reduce`` → ``AllReduce``; unknown names pass through without prefix.
+
+    A coalesced launch ends, from dump version 2.7, in an entry named after its op
+    (``nccl:ALLGATHER_coalesced``, ``nccl:allreduce_coalesced``), before in
+    ``nccl:coalesced`` (which passes through).
+
+    >>> _op_name("nccl:ALLGATHER_coalesced"), _op_name("nccl:coalesced")
+    ('AllGather', 'coalesced')
+
+    The other names PyTorch's analyzer lists as collectives map to their op as well:
+
+    >>> [_op_name(n) for n in ("nccl:all_gather_single", "nccl:reduce_scatter_v",
+    ...                        "nccl:all_to_all_v_single", "nccl:_broadcast_oop",
+    ...                        "gloo:all_reduce_barrier", "nccl2:_reduce_oop")]
+    ['AllGather', 'ReduceScatter', 'AllToAll', 'Broadcast', 'Barrier', 'Reduce']
+    """
     name = str(profiling_name or "unknown")
     short = name.split(":", 1)[1] if ":" in name else name
-    return _OP_NAMES.get(short, short or "unknown")
-
-
-def _int(value: Any, default: int | None = None) -> int | None:
-    # JSON dumps write pg_status values as strings and absent timestamps as 0.
-    if value is None or isinstance(value, bool):
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _ts_ns(value: Any) -> int | None:
-    v = _int(value)
-    return v if v else None  # 0 means "not yet" in JSON dumps
+    key = short.lower()
+    base = key.removesuffix("_coalesced")
+    return _OP_NAMES.get(key) or _OP_NAMES.get(base) or short or "unknown"
 
 
 def _bytes_of(entry: dict[str, Any]) -> int:
@@ -316,27 +180,6 @@ def _bytes_of(entry: dict[str, Any]) -> int:
     return total
 
 
-def _pg_name(entry: dict[str, Any]) -> tuple[str, str]:
-    pg = entry.get("process_group")
-    if isinstance(pg, (list, tuple)) and pg:
-        return str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
-    return str(entry.get("pg_id", "")), ""
-
-
-def _ranks(pg_info: Any) -> list[int] | None:
-    if not isinstance(pg_info, dict):
-        return None
-    ranks = pg_info.get("ranks")
-    if isinstance(ranks, str):
-        try:
-            ranks = json.loads(ranks)
-        except (ValueError, RecursionError):
-            return None
-    if isinstance(ranks, (list, tuple)) and all(isinstance(r, int) for r in ranks):
-        return list(ranks)
-    return None
-
-
 def _example_entry(seq: int, state: str) -> dict[str, Any]:
     """A minimal entry for the doctest above (times in ns)."""
     t = 1_750_000_000_000_000_000 + seq * 1_000_000_000
@@ -348,60 +191,6 @@ def _example_entry(seq: int, state: str) -> dict[str, Any]:
         "input_sizes": [[1024]], "input_dtypes": ["Float"], "state": state,
         "is_p2p": False, "timeout_ms": 600000,
     }  # fmt: skip
-
-
-_TIME_KEYS = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
-
-
-def _dump_time_us(
-    entries: list[dict[str, Any]], file_mtime_us: int | None, trust: bool = False
-) -> int:
-    newest_ns = 0
-    timeout_ms = 0
-    for e in entries:
-        for key in _TIME_KEYS:
-            newest_ns = max(newest_ns, _ts_ns(e.get(key)) or 0)
-        timeout_ms = max(timeout_ms, _int(e.get("timeout_ms"), 0) or 0)
-    if newest_ns == 0:
-        return file_mtime_us or 0
-    newest = newest_ns // 1000
-    if trust and file_mtime_us is not None:
-        return max(file_mtime_us, newest)
-    if file_mtime_us is None or file_mtime_us < newest:
-        return newest
-    cap = (timeout_ms or 600_000) * 1000 + 60_000_000
-    return file_mtime_us if file_mtime_us <= newest + cap else newest
-
-
-def group_members(dumps: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
-    """Which global ranks belong to each process group, read from the dumps themselves:
-    a group's members are the ranks whose dumps hold entries of it.
-
-    ProcessGroupGloo's ``pg_config`` is unusable (every rank writes
-    ``{'': {'name': '', 'ranks': '[0, 1]'}}`` whatever groups exist, observed with torch
-    2.15), but every entry names its group in ``process_group``. A rank whose dump is
-    missing, or whose ring no longer holds any entry of a group, is not seen as a member.
-
-    >>> e = lambda g: {"process_group": (g, ""), "collective_seq_id": 1}
-    >>> group_members({0: {"entries": [e("0"), e("1")]}, 1: {"entries": [e("0")]},
-    ...                2: {"entries": [e("0"), e("1")]}})
-    {'0': [0, 1, 2], '1': [0, 2]}
-    """
-    members: dict[str, set[int]] = {}
-    for rank, dump in dumps.items():
-        for e in dump.get("entries") or []:
-            if isinstance(e, dict):
-                members.setdefault(_pg_name(e)[0], set()).add(rank)
-    return {name: sorted(rs) for name, rs in sorted(members.items())}
-
-
-def _records_starts(entries: list[dict[str, Any]]) -> bool:
-    """Whether the backend records when a collective starts (ProcessGroupNCCL's watchdog
-    does; ProcessGroupGloo leaves every entry ``scheduled`` with no discovered times)."""
-    return any(
-        e.get("state") in ("started", "completed") or _ts_ns(e.get("time_discovered_started_ns"))
-        for e in entries
-    )
 
 
 def dump_to_events(
@@ -583,6 +372,16 @@ def _progress_event(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LoadedDump:
+    """A dump already read: its data, its file's mtime, and the wall time an exporter
+    first saw it whole (``None``: not seen being written, e.g. there before it started)."""
+
+    data: dict[str, Any]
+    mtime_us: int
+    seen_us: int | None = None
+
+
 def read_flight_recorder(
     path: str | Path,
     *,
@@ -615,16 +414,21 @@ def read_snapshot_with_facts(
     job: str,
     on_bad: Callable[[BadLine], None] | None = None,
     dump_time_us: int | None = None,
+    loaded: dict[Path, LoadedDump] | None = None,
+    host: str | None = None,
 ) -> tuple[list[tuple[Path, list[Event]]], SnapshotFacts]:
     """Read one snapshot into events per file, and what the dumps say together.
 
     Membership of each process group comes from the dumps together
     (:func:`snapshot_facts`). A file that cannot be read, or a second dump of a rank
     already read, goes to ``on_bad`` (line 0) and gives no events. ``dump_time_us``
-    (``detect --dump-time``, or the time an exporter saw the files) stands for every
-    dump's time, when mtimes cannot be trusted.
+    (``detect --dump-time``) stands for every dump's time, when mtimes cannot be
+    trusted. ``loaded``: dumps already read (the exporter reads each once, to know it is
+    complete), with the wall time it first saw each one whole, which is then that
+    dump's time. ``host``: the host of every rank (an exporter's own), for dumps that
+    name none.
     """
-    loaded: list[tuple[Path, int, dict[str, Any], int]] = []
+    reads: list[tuple[Path, int, dict[str, Any], int]] = []
     out: dict[Path, list[Event]] = {p: [] for p in paths}
     seen: dict[int, Path] = {}
 
@@ -632,11 +436,14 @@ def read_snapshot_with_facts(
         if on_bad is not None:
             on_bad(BadLine(str(path), 0, b"", reason))
 
+    given = loaded or {}
+    seen_us: dict[int, int] = {}
     for path in paths:
         try:
-            dump = load_flight_recorder_dump(path)
+            pre = given.get(path)
+            dump = pre.data if pre is not None else load_flight_recorder_dump(path)
             rank = rank_from_filename(path) if "rank" not in dump else int(dump["rank"])
-            mtime_us = os.stat(path).st_mtime_ns // 1000
+            mtime_us = pre.mtime_us if pre is not None else os.stat(path).st_mtime_ns // 1000
         except (FlightRecorderError, OSError, TypeError, ValueError) as err:
             bad(path, str(err))
             continue
@@ -645,18 +452,20 @@ def read_snapshot_with_facts(
                       "skipped — keep one format per directory")  # fmt: skip
             continue
         seen[rank] = path
-        loaded.append((path, rank, dump, mtime_us))
-    dumps = {r: d for _, r, d, _ in loaded}
-    facts = snapshot_facts(dumps, {r: m for _, r, _, m in loaded}, dump_time_us)
+        if pre is not None and pre.seen_us is not None:
+            seen_us[rank] = pre.seen_us
+        reads.append((path, rank, dump, mtime_us))
+    dumps = {r: d for _, r, d, _ in reads}
+    facts = snapshot_facts(dumps, {r: m for _, r, _, m in reads}, dump_time_us, set(seen_us))
     # One dump alone cannot tell who else is in its groups.
-    members = {g.name: g.members for g in facts.groups.values()} if len(loaded) > 1 else None
-    for path, rank, dump, mtime_us in loaded:
-        when = dump_time_us if dump_time_us is not None else mtime_us
+    members = {g.name: g.members for g in facts.groups.values()} if len(reads) > 1 else None
+    for path, rank, dump, mtime_us in reads:
+        when = dump_time_us if dump_time_us is not None else seen_us.get(rank, mtime_us)
         try:
             out[path] = dump_to_events(
-                dump, rank=rank, job=job, file_mtime_us=when, members=members,
+                dump, rank=rank, job=job, file_mtime_us=when, members=members, host=host,
                 on_problem=lambda reason, p=path: bad(p, reason),
-                trust_time=dump_time_us is not None,
+                trust_time=dump_time_us is not None or rank in seen_us,
             )  # fmt: skip
         except (msgspec.ValidationError, TypeError, ValueError, AttributeError) as err:
             bad(path, f"unexpected dump content: {type(err).__name__}: {err}")
@@ -664,143 +473,3 @@ def read_snapshot_with_facts(
         for ev in out[path]:
             facts.hosts.setdefault(rank, ev.host)
     return list(out.items()), facts
-
-
-def _entries(dump: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in (dump.get("entries") or []) if isinstance(e, dict)]
-
-
-def _mtime_trusted(entries: list[dict[str, Any]], mtime_us: int | None) -> bool:
-    """Whether a file's mtime can be its dump time (see :func:`_dump_time_us`)."""
-    if mtime_us is None or not entries:
-        return False
-    return _dump_time_us(entries, mtime_us) == mtime_us
-
-
-_GATHERS = ("all_gather", "allgather", "_allgather_base", "_all_gather_base", "gather")
-
-
-def _group_size_seen(entries: list[dict[str, Any]]) -> int | None:
-    """A group's size as an all-gather records it: its outputs hold one input per member
-    (numel of the outputs over numel of the input; gloo writes one stacked tensor
-    ``[n, …]``, NCCL a list of tensors or a flat buffer)."""
-    for e in entries:
-        name = str(e.get("profiling_name") or "")
-        short = name.split(":", 1)[-1]
-        if not short.startswith(_GATHERS) or "coalesced" in short or e.get("is_p2p"):
-            continue
-
-        def numel(sizes: Any) -> int:
-            return sum(
-                math.prod(int(d) for d in s if isinstance(d, int))
-                for s in (sizes or [])
-                if isinstance(s, (list, tuple))
-            )
-
-        n_in, n_out = numel(e.get("input_sizes")), numel(e.get("output_sizes"))
-        if n_in > 0 and n_out >= n_in and n_out % n_in == 0:
-            return n_out // n_in
-    return None
-
-
-def snapshot_facts(
-    dumps: dict[int, dict[str, Any]],
-    mtimes_us: dict[int, int] | None = None,
-    dump_time_us: int | None = None,
-) -> SnapshotFacts:
-    """Who is in which group, and who has nothing to say, from all the dumps together.
-
-    A group is its name (``process_group[0]``, the key of ``pg_config``); ``pg_id`` is
-    local to a rank. Its members are the ranks whose dumps name it (in entries or in
-    ``pg_config``), or ``pg_config``'s rank list when that list holds every one of them
-    (ProcessGroupGloo writes an unusable one: ``[0, 1]`` or ``[]`` keyed ``''``). Its
-    size, where recorded (a consistent ``pg_config``, an all-gather's outputs, the world
-    for ``default_pg``), shows members whose dumps are missing; the ranks of the world
-    (0 … the largest rank seen) without a dump, or with an empty one, fill them in
-    when that is unambiguous.
-    """
-    facts = SnapshotFacts()
-    named: dict[str, set[int]] = {}
-    descs: dict[str, str] = {}
-    configs: dict[str, list[list[int]]] = {}
-    by_group: dict[str, list[dict[str, Any]]] = {}
-    world = 0
-    for rank, dump in dumps.items():
-        world = max(world, rank + 1)
-        for e in _entries(dump):
-            name, desc = _pg_name(e)
-            named.setdefault(name, set()).add(rank)
-            descs.setdefault(name, desc)
-            by_group.setdefault(name, []).append(e)
-            facts.p2p_recorded |= bool(e.get("is_p2p"))
-        pg_config = dump.get("pg_config")
-        for key, info in pg_config.items() if isinstance(pg_config, dict) else []:
-            ranks = _ranks(info)
-            if not key or not ranks or rank not in ranks:
-                continue  # gloo's '' entry, or a list that does not hold the rank itself
-            configs.setdefault(str(key), []).append(sorted(ranks))
-            named.setdefault(str(key), set()).add(rank)
-            if isinstance(info, dict) and info.get("desc"):
-                descs.setdefault(str(key), str(info["desc"]))
-            world = max(world, max(ranks) + 1)
-    for rank in range(world if len(dumps) > 1 else 0):  # one dump alone: no peers known
-        if rank not in dumps:
-            facts.absent[rank] = "no dump"
-        elif not _entries(dumps[rank]):
-            facts.absent[rank] = "empty dump"
-    for name in sorted(named):
-        seen = named[name]
-        lists = [c for c in configs.get(name, []) if seen <= set(c)]
-        if lists:
-            members = max(lists, key=lists.count)
-            size = len(members)
-        else:
-            members = sorted(seen)
-            size = _group_size_seen(by_group.get(name, [])) or len(members)
-            if descs.get(name) == "default_pg":
-                size = max(size, world)
-            missing = sorted(set(facts.absent) - seen)
-            if size > len(members) and (size == world or len(missing) == size - len(members)):
-                members = sorted(seen | set(missing if size != world else range(world)))
-        facts.groups[name] = GroupFacts(name, descs.get(name, ""), members, max(size, len(members)))
-    for rank, dump in dumps.items():
-        facts.p2p_waits += _p2p_waits(rank, _entries(dump), facts.groups)
-    if dump_time_us is None:
-        times = mtimes_us or {}
-        untrusted = [r for r, d in dumps.items() if _entries(d) and not _mtime_trusted(
-            _entries(d), times.get(r))]  # fmt: skip
-        if untrusted or not times:
-            facts.dump_time_known = False
-            facts.why_time_unknown = (
-                f"dump time unknown: the mtimes of {len(untrusted)} of {len(dumps)} dumps are "
-                "not within the timeout after their newest entry (copied files?); keep "
-                "mtimes (cp -p, rsync -t), or pass --dump-time"
-            )
-    return facts
-
-
-_P2P_NAME = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
-
-
-def _p2p_waits(
-    rank: int, entries: list[dict[str, Any]], groups: dict[str, GroupFacts]
-) -> list[P2PWait]:
-    """The rank's unfinished sends/receives; ProcessGroupNCCL names them
-    ``nccl:send <me>-><peer>`` / ``nccl:recv <me><-<peer>`` in group ranks."""
-    with_starts = _records_starts(entries)
-    out = []
-    for e in entries:
-        if not e.get("is_p2p"):
-            continue
-        done = e.get("state") == "completed" if with_starts else bool(e.get("retired"))
-        if done:
-            continue
-        m = _P2P_NAME.search(str(e.get("profiling_name") or ""))
-        if not m:
-            continue
-        g = groups.get(_pg_name(e)[0])
-        peer_local = int(m.group(4))
-        peer = g.members[peer_local] if g and peer_local < len(g.members) else None
-        out.append(P2PWait(_pg_name(e)[0], rank, peer, m.group(1),
-                           _ts_ns(e.get("time_created_ns")) or 0))  # fmt: skip
-    return out

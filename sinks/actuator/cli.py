@@ -8,10 +8,8 @@ Kubernetes clients are imported when the command runs.
 from __future__ import annotations
 
 import enum
-import signal
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -304,6 +302,7 @@ def actuate(
 ) -> None:
 
     from c4base.config import load_section
+    from c4base.lifeguard import stop_on_signals
     from c4base.runtime import FatalError
     from c4base.service import start_service
     from c4base.settings_loader import SettingsError
@@ -328,10 +327,7 @@ def actuate(
         cfg: ActuatorConfig = load_section("actuator", ACTUATOR_SECTION, config, overrides=flags)
     except SettingsError as err:
         fail("actuate", err, 2)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()  # finish the command at hand, commit, leave the group
+    stop = threading.Event()  # SIGTERM: finish the command at hand, commit, leave the group
 
     if check:
         try:
@@ -350,8 +346,7 @@ def actuate(
             fail("actuate --check", f"restart FAILED: {err}", 2)
         typer.echo(f"c4stream actuate --check: {restart_summary(cfg, restarter)}")
         return
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop)
     try:
         be = make_backend(cfg)
         if cfg.execute and cfg.check_at_start:

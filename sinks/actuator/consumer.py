@@ -41,6 +41,7 @@ from confluent_kafka import Producer
 from c4base.consumer_lag import observe_latency
 from c4base.metrics import MetricsLike, NullMetrics
 from c4base.runtime import (
+    TP,
     BaseHandler,
     ConsumerRunner,
     Context,
@@ -347,6 +348,11 @@ class Actuator:
         raise AssertionError("unreachable")
 
 
+REPORT_WAIT_S = 10.0
+"""How long a command's ``c4.actions`` report may take to be confirmed before the next
+command (commands are rare; a broker that slow is one the runner's outage clock sees)."""
+
+
 class ActuatorHandler(BaseHandler):
     """The actuator's part of the shared loop: decode, then :class:`Actuator`."""
 
@@ -369,7 +375,7 @@ class ActuatorHandler(BaseHandler):
         if self._keys is not None:
             why = command_refusal(self._keys, rec.value, header(rec.headers, SIG_HEADER))
             if why is not None:
-                self._refuse(rec, why)
+                self._refuse(rec, why, ctx)
         try:
             cmd = decode_command(rec.value)
         except CommandDecodeError as err:
@@ -383,11 +389,16 @@ class ActuatorHandler(BaseHandler):
         self.stats.count(handled)
         self.metrics.actions.labels(stage=STAGE, outcome=_outcome(handled)).inc()
         if self.outcomes is not None:
-            self.outcomes.publish(report_for(cmd, handled))  # best effort: the ledger has it
+            # On the broker before the command is committed and the next one acted on: a
+            # kill meanwhile lost the report (only the ledger said it, and it is not read
+            # again). Should the broker not confirm it in time, the hold keeps the command
+            # uncommitted, so it is delivered, and reported, again after a restart.
+            self.outcomes.publish(report_for(cmd, handled), ctx.hold(rec).release)
+            self.outcomes.flush(REPORT_WAIT_S)
         if handled.deadletter_reason is not None:
             raise PermanentError(handled.deadletter_reason)
 
-    def _refuse(self, rec: Record, why: str) -> None:
+    def _refuse(self, rec: Record, why: str, ctx: Context) -> None:
         """Never act on it: dead letter, and a ``denied`` report when it decodes."""
         self.stats.refused += 1
         self.metrics.actions.labels(stage=STAGE, outcome="denied").inc()
@@ -399,8 +410,21 @@ class ActuatorHandler(BaseHandler):
                 pass  # nothing to report it under: the dead letter says it
             else:
                 h = Handled("denied", "skipped", f"refused: {why}", node=cmd.host)
-                self.outcomes.publish(report_for(cmd, h))
+                self.outcomes.publish(report_for(cmd, h), ctx.hold(rec).release)
+                self.outcomes.flush(REPORT_WAIT_S)
         raise PermanentError(f"refused isolation command: {why}")
+
+    def tick(self, ctx: Context) -> None:
+        if self.outcomes is not None:
+            self.outcomes.poll()  # releases the holds of delivered reports
+
+    def revoked(self, tps: list[TP], lost: bool) -> None:
+        if self.outcomes is not None and not lost:
+            self.outcomes.flush(5.0)
+
+    def close(self, stop_by: float, ctx: Context) -> None:
+        if self.outcomes is not None:
+            self.outcomes.flush(stop_by - time.monotonic())
 
     def status(self) -> dict[str, Any]:
         return {"actuator": str(self.stats)}

@@ -5,8 +5,12 @@ write. The alerter joins it to its open alert by ``job`` and ``host`` (the host 
 command named it, before node-name mapping) and shows what really happened: acted,
 dry run, skipped (an administrator's drain kept), denied, failed.
 
-Publishing is best effort: the ledger is the record of truth, and a missing
-``c4.actions`` topic must not stop isolations. Delivery errors are logged.
+The ledger is the record of truth, and a missing ``c4.actions`` topic must not stop
+isolations: a delivery error is logged and counted. But a report is not lost to a
+crash: the command's offset is committed only once its report is on the broker (the
+handler holds it until ``on_done``), so a command whose report was still queued when
+the actuator was killed is delivered again and reported again (a ``duplicate`` of
+the ledger's status; readers key on ``command_id``).
 
 >>> r = ActionReport(command_id="c4-1", ts_us=1, job="j", host="n5.cluster.local",
 ...                  node="n5", action="cordon", fault="straggler", decision="act",
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -115,19 +120,22 @@ def decode_report(data: bytes) -> ActionReport:
 
 
 class OutcomePublisher:
-    """Produces :class:`ActionReport` records without waiting (best effort, see module)."""
+    """Produces :class:`ActionReport` records without waiting; ``on_done`` says when
+    one is settled (on the broker, or given up with an error logged, see module)."""
 
     def __init__(self, producer: Any, topic: str) -> None:
         self.producer = producer
         self.topic = topic
         self.errors = 0
 
-    def publish(self, report: ActionReport) -> None:
+    def publish(self, report: ActionReport, on_done: Callable[[], None] | None = None) -> None:
         def on_delivery(err: Any, _msg: Any) -> None:
             if err is not None:
                 self.errors += 1
                 log.warning("outcome of %s not published to %s: %s", report.command_id,
                             self.topic, err)  # fmt: skip
+            if on_done is not None:
+                on_done()
 
         try:
             self.producer.produce(
@@ -137,12 +145,18 @@ class OutcomePublisher:
                 on_delivery=on_delivery,
             )
         except BufferError as err:  # local queue full: the ledger still has it
-            self.errors += 1
-            log.warning("outcome of %s not published: %s", report.command_id, err)
+            on_delivery(err, None)
         self.producer.poll(0)
 
+    def poll(self) -> None:
+        """Serve delivery reports (their ``on_done``) without waiting."""
+        self.producer.poll(0)
+
+    def flush(self, timeout_s: float) -> None:
+        self.producer.flush(max(0.0, timeout_s))
+
     def close(self, timeout_s: float = 5.0) -> None:
-        self.producer.flush(timeout_s)
+        self.flush(timeout_s)
 
 
 def new_report(

@@ -5,7 +5,6 @@ Registered by :mod:`sinks.cli`; heavy imports stay inside the functions.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -112,6 +111,7 @@ def alert(
     import msgspec
 
     from c4base.config import KAFKA_SECTION, load_section
+    from c4base.lifeguard import stop_on_signals
     from c4base.runtime import FatalError
     from c4base.service import start_service
     from c4base.settings_loader import SettingsError
@@ -140,8 +140,7 @@ def alert(
         broker_timeout_s=cfg.broker_timeout_s,
         status_path=cfg.status_file or None,
     )
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: service.stop.set())
+    stop_on_signals(service.stop)
     try:
         stats = service.run()
     except FatalError as err:

@@ -41,6 +41,7 @@ import msgspec
 
 from c4base.config import Section
 from sinks.alert.model import Severity
+from sinks.alert.sent import DEFAULT_SENT_LEDGER
 
 __all__ = [
     "AlertConfig",
@@ -160,6 +161,9 @@ class AlertConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Exit non-zero when the broker stays unreachable this long (0: never)."""
     status_file: str = ""
     """Write the alerter's status JSON here every second ("": no file)."""
+    sent_ledger: str = DEFAULT_SENT_LEDGER
+    """SQLite file recording each post before and after it, so that a message read again
+    after a kill is not posted twice (:mod:`sinks.alert.sent`; "": off)."""
 
     def __post_init__(self) -> None:
         if not self.destination:

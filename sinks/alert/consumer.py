@@ -48,6 +48,7 @@ from sinks.alert.alerter import Alerter
 from sinks.alert.config import AlertConfig
 from sinks.alert.delivery import Done
 from sinks.alert.model import Notification
+from sinks.alert.sent import SentLedger, delivery_id
 from streams.commands import CommandDecodeError, decode_command
 from streams.verdicts import VerdictDecodeError, decode_verdict
 
@@ -65,6 +66,8 @@ class ConsumerStats:
     verdicts: int = 0
     deadlettered: int = 0
     """Messages dead-lettered: undecodable, or an alert of theirs not delivered."""
+    repeats: int = 0
+    """Alerts of messages read again that were posted (or maybe) before: not again."""
 
 
 class AlertHandler(BaseHandler):
@@ -91,6 +94,8 @@ class AlertHandler(BaseHandler):
 
     async def _open(self, cfg: AlertConfig, alerter: Any) -> Alerter:
         a = alerter or Alerter.from_config(cfg)
+        if cfg.sent_ledger and a.delivery.sent is None:
+            a.delivery.sent = SentLedger(cfg.sent_ledger)
         a.delivery.start()
         return a
 
@@ -130,8 +135,33 @@ class AlertHandler(BaseHandler):
             observe_latency(self.metrics, STAGE, ts_us=verdict.ts_us)
             notes = self.alerter.verdict_notifications(verdict)
         for name, n in self.alerter.routes(notes):
+            ident = delivery_id(rec.topic, rec.partition, rec.offset, rec.timestamp_ms, name, n)
+            if self._posted_before(name, n, ident):
+                continue
             done = self._settle(rec, n, ctx)
-            self.loop.call_soon_threadsafe(self.alerter.delivery.offer, name, n, done)
+            self.loop.call_soon_threadsafe(self.alerter.delivery.offer, name, n, done, ident)
+
+    def _posted_before(self, name: str, n: Notification, ident: str) -> bool:
+        """A message read again (a restart before its commit) whose alert to ``name``
+        was posted, or may have been where a repeat would show twice: not posted again."""
+        d = self.alerter.delivery
+        st = d.sent.status(ident) if d.sent is not None else None
+        if st == "posting":  # killed before its first request was all written: not taken
+            return False
+        if st == "sent":  # killed while its first request was out: maybe delivered
+            target = d.targets[name]
+            if target.idempotent or target.destination.retry_unconfirmed:
+                return False  # a repeat is harmless (or wanted): post it
+            log.warning("alert %s %s to %s: the alerter stopped while posting it; maybe "
+                        "delivered, not re-posted", n.status, n.key, name)  # fmt: skip
+            self.stats.repeats += 1
+            return True
+        if st in ("posted", "unconfirmed"):
+            log.info("alert %s %s to %s was posted before a restart; not again",
+                     n.status, n.key, name)  # fmt: skip
+            self.stats.repeats += 1
+            return True
+        return False
 
     def _settle(self, rec: Record, n: Notification, ctx: Context) -> Done:
         hold = ctx.hold(rec)
@@ -196,6 +226,9 @@ class AlertHandler(BaseHandler):
                 log.debug("delivery did not close cleanly", exc_info=True)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(5)
+        if self.alerter.delivery.sent is not None:
+            self.alerter.delivery.sent.close()
+            self.alerter.delivery.sent = None
 
     def status(self) -> dict[str, Any]:
         d = self.alerter.delivery

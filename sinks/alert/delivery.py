@@ -65,6 +65,7 @@ import httpx
 import msgspec
 
 from sinks.alert.model import SEVERITIES, Notification, severity_rank
+from sinks.alert.sent import SentLedger
 from sinks.alert.targets import Outcome, Target
 
 __all__ = [
@@ -97,6 +98,8 @@ class _Item:
     n: Notification
     done: Done
     queued: float
+    ident: str = ""
+    """Its delivery id in the sent ledger ("": not recorded; :mod:`sinks.alert.sent`)."""
 
     @property
     def severity(self) -> str:
@@ -112,6 +115,21 @@ class _Item:
 #: here: it is also what a keep-alive connection the server had already closed looks
 #: like, where nothing was received, so it is retried.)
 _UNCONFIRMED = (httpx.ReadTimeout,)
+
+
+def _on_sent(mark: Callable[[str], object]) -> Callable[[str, dict], Awaitable[None]]:
+    """httpcore's trace hook: ``sent`` once the request's body is written. A kill
+    before it leaves the receiver an incomplete request at most (discarded: the restart
+    posts it again); after it, the receiver has it (the restart says "maybe
+    delivered"). Between the write and the mark (microseconds) a kill posts twice: at
+    least once, as alerts are. (Marked between headers and body, a kill there lost the
+    alert: 1 of 40 with the kill timed by the posts' arrival.)"""
+
+    async def trace(event: str, info: dict) -> None:
+        if event.endswith("send_request_body.complete"):
+            mark("sent")
+
+    return trace
 
 
 def idempotency_key(n: Notification) -> str:
@@ -292,6 +310,8 @@ class Delivery:
         self._sleep = sleep
         self._workers: list[asyncio.Task[None]] = []
         self._last_drop_log: dict[str, float] = {}
+        self.sent: SentLedger | None = None
+        """Where each recorded delivery's post is written before and after it."""
         quiet_http_loggers()
 
     async def __aenter__(self) -> Delivery:
@@ -308,10 +328,13 @@ class Delivery:
                 for name in self.targets
             ]
 
-    def offer(self, destination: str, n: Notification, done: Done = _ignore) -> bool:
+    def offer(
+        self, destination: str, n: Notification, done: Done = _ignore, ident: str = ""
+    ) -> bool:
         """Queue ``n`` for ``destination`` without waiting; False if ``n`` itself was
-        dropped. ``done`` is called once ``n`` is delivered, given up or dropped."""
-        item = _Item(n, done, time.monotonic())
+        dropped. ``done`` is called once ``n`` is delivered, given up or dropped;
+        ``ident``: its delivery id, recorded in :attr:`sent` around the post."""
+        item = _Item(n, done, time.monotonic(), ident)
         dropped = self._queues[destination].put_nowait(item)
         self.stats.enqueued += 1
         if dropped is not None:
@@ -392,8 +415,9 @@ class Delivery:
         ok, detail = False, "not sent"
         try:
             ok, detail = await self.attempt(
-                self.targets[name], item.n, deadline=item.queued + self.retry_for_s
-            )
+                self.targets[name], item.n, deadline=item.queued + self.retry_for_s,
+                ident=item.ident,
+            )  # fmt: skip
         except asyncio.CancelledError:
             detail = "alerter stopped before it was sent"
             raise
@@ -413,17 +437,24 @@ class Delivery:
         return ok
 
     async def attempt(
-        self, target: Target, n: Notification, *, deadline: float
+        self, target: Target, n: Notification, *, deadline: float, ident: str = ""
     ) -> tuple[bool, str]:
         """POST ``n`` with retries until delivered, refused for good, ``max_attempts``
-        (when set) or monotonic time ``deadline``; (delivered?, what happened)."""
+        (when set) or monotonic time ``deadline``; (delivered?, what happened).
+        ``ident``: its delivery id; each request is then recorded in :attr:`sent`
+        before it goes out and once its answer says what became of it."""
         where = f"{target.name} ({target.destination.redacted_url})"
         key = idempotency_key(n)
         attempt = 0
+        sent = self.sent if ident else None
+        mark = (lambda st: sent.mark(ident, st)) if sent is not None else (lambda st: None)
         while True:
             attempt += 1
             req = target.request(n)  # re-signed on every attempt
             retry_after: float | None = None
+            # durable before the request: a kill during it is known (and whether the
+            # receiver had refused it before: an outage, where a re-post loses nothing)
+            mark("posting" if attempt == 1 else "reposting")
             try:
                 resp = await self._client.post(
                     req.url,
@@ -433,6 +464,7 @@ class Delivery:
                         "Idempotency-Key": key,
                         **req.headers,
                     },
+                    extensions={"trace": _on_sent(mark) if attempt == 1 else None},
                 )
             except _UNCONFIRMED as err:
                 if not (target.idempotent or target.destination.retry_unconfirmed):
@@ -446,6 +478,7 @@ class Delivery:
                         where,
                         type(err).__name__,
                     )
+                    mark("unconfirmed")
                     return True, f"maybe delivered to {target.name}: {type(err).__name__}"
                 outcome, detail = Outcome.RETRY, f"{type(err).__name__} (unconfirmed)"
             except httpx.TransportError as err:
@@ -454,6 +487,10 @@ class Delivery:
                 outcome, detail = target.judge(resp.status_code, resp.content)
                 if outcome is Outcome.RETRY:
                     retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            # not taken (refused, or nothing sent) is safe to post again; a timeout after
+            # the request was sent, retried here, stays "posting" (a repeat is harmless)
+            if not (outcome is Outcome.RETRY and detail.endswith("(unconfirmed)")):
+                mark("posted" if outcome is Outcome.OK else "failed")
             if outcome is Outcome.OK:
                 self.stats.delivered += 1
                 log.debug("alert %s %s sent to %s", n.status, n.key, where)

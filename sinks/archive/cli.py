@@ -7,7 +7,6 @@ commands so ``c4stream --help`` stays fast. Also runnable as ``python -m sinks.a
 from __future__ import annotations
 
 import re
-import signal
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -108,6 +107,7 @@ def archive(
     if ctx.invoked_subcommand is not None:
         return
     from c4base.config import load_section
+    from c4base.lifeguard import stop_on_signals
     from c4base.runtime import FatalError
     from c4base.service import start_service
     from c4base.settings_loader import SettingsError
@@ -127,8 +127,7 @@ def archive(
             fail("archive", "--out DIR (or [archive] out = DIR in --config) is required", 2)
         fail("archive", err, 2)
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop)
     try:
         svc = start_service(config, ctx, stage="archiver")
         archiver = Archiver(cfg, metrics=svc.metrics)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from producers.columnar import CONN_TYPE, EVENT_SCHEMA
+from producers.columnar.schema import ARCHIVE_EVENT_SCHEMA, CONN_TYPE, ORIGIN, SOURCE_FIELDS
 
 __all__ = [
     "CONN",
@@ -51,31 +51,11 @@ PARTITION_COLUMNS = ("job", "hour")
 PARTITIONING = pa.schema([("job", pa.string()), ("hour", pa.string())])
 
 #: Where a row came from; the four together identify one produced record exactly.
-SOURCE_FIELDS = [
-    pa.field("kafka_topic", pa.string(), nullable=False),
-    pa.field("kafka_partition", pa.int32(), nullable=False),
-    pa.field("kafka_offset", pa.int64(), nullable=False),
-    pa.field("kafka_index", pa.int32(), nullable=False),
-    pa.field("kafka_ts_ms", pa.int64()),
-]
-
-DEDUPE_KEY = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_index")
-
+DEDUPE_KEY = ORIGIN
 #: One connection of a rank with a peer: the wire's own type (``producers.columnar``).
 CONN = CONN_TYPE
-
-#: One row per event (op and progress flattened; fields of the other kind are null): the
-#: wire's columns without ``job`` (a partition directory here), ``v`` widened as archived
-#: since the first release, then where each row came from.
-EVENTS = pa.schema(
-    [
-        pa.field("v", pa.int16(), nullable=False) if f.name == "v" else f
-        for f in EVENT_SCHEMA
-        if f.name != "job"
-    ]
-    + SOURCE_FIELDS
-)
-
+#: One row per event: the events' column schema (``producers.columnar.schema``).
+EVENTS = ARCHIVE_EVENT_SCHEMA
 #: One row per verdict (``streams.verdicts.Verdict``).
 VERDICTS = pa.schema(
     [

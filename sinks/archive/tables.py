@@ -1,8 +1,9 @@
 """Decoded records → Arrow tables of the archive schemas, built column by column.
 
-One list comprehension per column over a whole consumer batch (not a dict per row):
-the per-record Python work is one attribute read per field, and Arrow builds each
-column in one call. Source columns (``kafka_*``) are expanded from per-message arrays
+Events are built by the wire's own builder (:func:`producers.columnar.events_table`:
+one builder of event tables); verdicts and commands one ``map(attrgetter)`` per column
+over a whole consumer batch (not a dict per row), Arrow building each column in one
+call. Source columns (``kafka_*``) are expanded from per-message arrays
 with numpy, so a message holding 200 events costs one entry, not 200.
 
 >>> from producers.events import OpEvent, ProgressEvent, Conn
@@ -33,8 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from producers.events import Conn, Event, OpEvent, ProgressEvent
-from sinks.archive.schemas import CONN, EVENTS, ISOLATIONS, VERDICTS
+from producers.columnar import events_table as wire_table
+from producers.events import Event
+from sinks.archive.schemas import EVENTS, ISOLATIONS, VERDICTS
 from streams.commands import IsolationCommand
 from streams.verdicts import Verdict
 
@@ -48,8 +50,6 @@ __all__ = [
 ]
 
 _json = msgspec.json.Encoder()
-# Fields only one of OpEvent / ProgressEvent has (null in the other kind's rows).
-_KIND_FIELDS = (set(OpEvent.__struct_fields__) ^ set(ProgressEvent.__struct_fields__)) - {"conns"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,33 +117,6 @@ def _attr_column(objs: Sequence[Any], name: str, type_: pa.DataType) -> pa.Array
     return pa.array(list(map(attrgetter(name), objs)), type=type_)
 
 
-def _scattered_column(
-    n: int, groups: list[tuple[np.ndarray, Sequence[Any]]], name: str, type_: pa.DataType
-) -> pa.Array:
-    """A column of rows of mixed record types: each group fills its own rows (by index)
-    where its type has the field; other rows stay null."""
-    values = np.full(n, None, dtype=object)
-    for idx, objs in groups:
-        if objs and hasattr(objs[0], name):
-            values[idx] = list(map(attrgetter(name), objs))
-    return pa.array(values, type=type_)
-
-
-def _conns_column(events: Sequence[Event]) -> pa.Array:
-    """``list<struct>`` built from flat child columns and list offsets (no per-row dicts)."""
-    per_event: list[list[Conn] | None] = list(map(attrgetter("conns"), events))
-    lengths = np.fromiter((len(c) if c else 0 for c in per_event), np.int32, len(per_event))
-    offsets = np.zeros(len(per_event) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = [c for cs in per_event if cs for c in cs]
-    children = [_attr_column(flat, f.name, f.type) for f in CONN]
-    values = pa.StructArray.from_arrays(children, fields=list(CONN))
-    mask = pa.array([c is None for c in per_event], pa.bool_())
-    return pa.ListArray.from_arrays(
-        pa.array(offsets), values, type=pa.list_(CONN), mask=mask if mask.true_count else None
-    )
-
-
 def _table(
     schema: pa.Schema, special: dict[str, pa.Array], objs: Sequence[Any], src: MessageSources
 ) -> pa.Table:
@@ -157,19 +130,16 @@ def _table(
 
 
 def events_table(events: Sequence[Event], src: MessageSources) -> Rows:
-    """Rows of the ``events`` dataset: op and progress events flattened into one schema."""
-    is_op = np.fromiter((type(e) is OpEvent for e in events), bool, len(events))
-    op_idx, pr_idx = np.flatnonzero(is_op), np.flatnonzero(~is_op)
-    ops, progress = [events[i] for i in op_idx], [events[i] for i in pr_idx]
-    groups = [(op_idx, ops), (pr_idx, progress)]
-    special = {
-        "kind": pa.array(np.where(is_op, "op", "progress").astype(object), pa.string()),
-        "conns": _conns_column(events),
-    }
-    for f in EVENTS:
-        if f.name in _KIND_FIELDS:
-            special[f.name] = _scattered_column(len(events), groups, f.name, f.type)
-    return Rows(_table(EVENTS, special, events, src), _attr_column(events, "job", pa.string()))
+    """Rows of the ``events`` dataset: the wire's table of the events (the one builder,
+    :func:`producers.columnar.events_table`) without ``job`` (the partition), ``v`` as
+    archived, and where each row came from."""
+    if src.rows != len(events):
+        raise ValueError(f"{len(events)} records but the message sources count {src.rows}")
+    wire = wire_table(events)
+    cols = {**dict(zip(wire.column_names, wire.columns, strict=True)), **src.columns()}
+    cols["v"] = cols["v"].cast(pa.int16())
+    table = pa.Table.from_arrays([cols[f.name] for f in EVENTS], schema=EVENTS)
+    return Rows(table, wire.column("job").combine_chunks())
 
 
 def verdicts_table(verdicts: Sequence[Verdict], src: MessageSources) -> Rows:

@@ -15,15 +15,23 @@ Modules, in the order data flows:
   ``c4.verdicts``, the 1-second timer, rebalance and shutdown hooks, ``status.json``;
 - :mod:`.runner` — what both agents' runners share: output, counters, and the restore /
   checkpoint / flush cycle of keyed state;
-- :mod:`.detect_runner` — agent ``detect``'s broker-free logic: decoding, dead letters,
-  per-communicator detectors in event-time slices;
-- :mod:`.correlate_runner` — agent ``correlate``'s: the host correlator behind a watermark;
+- :mod:`.detect_runner` — agent ``detect``'s broker-free logic (``CommRouter``), one
+  consumer batch through: :mod:`.column_intake` (every message into one block of
+  columns; corroboration), :mod:`.admission` (the contract's rules and the edge limits),
+  :mod:`.comm_slices` (event-time slices per lane, judged together), :mod:`.comm_state`
+  (a communicator's detector and its checkpoint envelope);
+- :mod:`.correlate_runner` — agent ``correlate``'s: the host correlator behind a watermark,
+  its state checkpointed per job (:mod:`.correlate_jobs`), the rails across jobs
+  (:mod:`.host_rails`);
 - :mod:`.watermark` — the watermark's wire format and its sender in agent ``detect``;
-- :mod:`.faust_adapter` — the one module that reads Faust's private consumer fields;
+- :mod:`.faust_adapter` — the one module that reads Faust's private consumer fields, and
+  the Faust worker with a bounded stop;
 - :mod:`.checkpoint` — checkpoints every N events / S seconds into Faust tables;
 - :mod:`.deadletter` — dead-letter records with ``topic[partition]@offset`` sources;
 - :mod:`.engine` — the small protocol the agents need from :mod:`streams.core`;
-- :mod:`.lifeguard` — broker watchdog (exit 3), bounded stop (exit 4), repeated-log limit.
+- the broker watchdog (exit 3), the stop deadline (exit 4) and the repeated-log limit
+  are the runtime the sinks share (:mod:`c4base.lifeguard`, :mod:`c4base.throttle`;
+  docs/runtime.md).
 
 Restarts and rebalances: a communicator's detector is checkpointed (``to_bytes``) to
 the ``comm-state`` table, on the partition its events came from, every

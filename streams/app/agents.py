@@ -18,14 +18,15 @@ stop on them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from c4base import lifeguard
+from c4base.consumer_lag import lag_of, observe_latency
+from c4base.lifeguard import write_status
 from c4base.metrics import MetricsLike, NullMetrics
 from c4base.signing import load_keys
 from streams.app.checkpoint import TableCheckpoints
@@ -33,7 +34,7 @@ from streams.app.correlate_runner import CorrelatorRunner, HostRails
 from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
 from streams.app.detect_runner import CommRouter, EdgeLimits
 from streams.app.engine import Engine
-from streams.app.faust_adapter import ConsumerView
+from streams.app.faust_adapter import ConsumerView, drain_table_writes, stop_on_crash
 from streams.app.runner import Output
 from streams.app.settings import COMM_TABLE, CORRELATOR_TABLE, WorkerConfig
 from streams.app.trust import CommandSigner, EventTrust, Freshness
@@ -183,6 +184,8 @@ def register_agents(
     parts = WorkerParts(router, correlator, comm_store, cor_store, dl, set(), time.time())
 
     offsets = ConsumerView(app)
+    # a restarted correlator's marks of verdicts judged before it resumed count at once
+    correlator.verdicts_read_from = lambda q: offsets.committed(topics.verdicts, q)
 
     async def send_mark(q: int, key: bytes, value: bytes) -> Any:
         return await watermark_t.send(key=key, value=value, partition=q)
@@ -199,22 +202,34 @@ def register_agents(
         return False
 
     async def emit(out: Output, store: TableCheckpoints, *, heartbeat: bool = False) -> None:
+        # The marks as the router's lanes stand now, in line before the first await: the
+        # detect agent and the timer emit concurrently, and a mark must never pass a
+        # verdict concluded before it that is still on its way to the broker.
+        queued = None
+        if store is comm_store:
+            mine = {tp.partition for tp in parts.assigned if tp.topic == topics.events}
+            queued = marks.queue(mine, router.clock_us)
         watch.output(out)
         encoded = [
             (v, encode_verdict(v), clock) for v, clock in zip(out.verdicts, out.clocks, strict=True)
         ]
-        sent = [
-            await verdicts_t.send(
-                key=v.job.encode(),
-                value=data,
-                partition=job_partition(v.job, config.verdicts_partitions),
-                headers=[(CLOCK_HEADER, str(clock).encode())],
-            )
-            for v, data, clock in encoded
-            if fits("verdict", data, v.id)
-        ]
-        if store is comm_store:
-            await send_watermarks(sent, heartbeat)
+        try:
+            sent = [
+                await verdicts_t.send(
+                    key=v.job.encode(),
+                    value=data,
+                    partition=job_partition(v.job, config.verdicts_partitions),
+                    headers=[(CLOCK_HEADER, str(clock).encode())],
+                )
+                for v, data, clock in encoded
+                if fits("verdict", data, v.id)
+            ]
+        except BaseException:
+            if queued is not None:  # the marks behind these are not held for ever
+                queued.done.set()
+            raise
+        if queued is not None:
+            await marks.send_queued(queued, sent, heartbeat)
         watch.jobs(router.jobs | correlator.jobs)
         for c in out.commands:
             log.info("isolation command %s: %s %s (%s)", c.id, c.action, c.host, c.fault)
@@ -226,14 +241,18 @@ def register_agents(
         for partition, key, data in out.checkpoints:
             store.put(partition, key, data)
 
-    async def send_watermarks(sent: list[Any], heartbeat: bool) -> None:
-        for fut in sent:  # verdicts are on the broker before the watermark passes them
-            md = await fut
-            marks.verdict_sent(md.partition, md.offset)
-        mine = {tp.partition for tp in parts.assigned if tp.topic == topics.events}
-        await marks.send_all(mine, router.clock_us, heartbeat)
+    status_path = config.status_path()
+
+    def crashed(name: str, err: BaseException) -> None:
+        log.critical("agent %s failed on a batch", name, exc_info=err)
+        parts.ready = False
+        try:
+            write_status(status_path, {**parts.status(), "exit": f"agent {name} failed: {err}"})
+        finally:
+            lifeguard.exit_fatal(f"agent {name} failed ({type(err).__name__}: {err})")
 
     @app.agent(events_t, name="detect")
+    @stop_on_crash(crashed)
     async def detect(stream: Any) -> None:
         async for batch in stream.take_events(config.batch_max, within=config.batch_within_s):
             before = router.stats.events
@@ -247,12 +266,11 @@ def register_agents(
             await emit(out, comm_store)
 
     @app.agent(correlate_source, name="correlate")
+    @stop_on_crash(crashed)
     async def correlate(stream: Any) -> None:
         async for batch in stream.take_events(config.batch_max, within=config.batch_within_s):
             out = correlator.process([Record.of_event(e) for e in batch])
             await emit(out, cor_store)
-
-    status_path = config.status_path()
 
     @app.timer(interval=config.tick_s)
     async def tick() -> None:
@@ -270,6 +288,7 @@ def register_agents(
         marks.revoked(ev)
         await emit(router.flush(ev, drop=True), comm_store)
         await emit(correlator.flush(vd, drop=True), cor_store)
+        await drain_table_writes(app)  # on the broker before the next owner restores them
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: set[Any], **_: Any) -> None:
@@ -293,6 +312,7 @@ def register_agents(
         # Clean stop: every dirty state is checkpointed; the producer is flushed after this.
         await emit(router.flush(), comm_store)
         await emit(correlator.flush(), cor_store)
+        await drain_table_writes(app)  # on the broker before Faust stops its producer
         parts.ready = False
         write_status(status_path, {**parts.status(), "stopped": True})
         log.info("worker state checkpointed; stopping")
@@ -330,15 +350,6 @@ def late_status(router: CommRouter, correlator: CorrelatorRunner) -> dict[str, d
     return out
 
 
-def write_status(path: Any, status: dict[str, Any]) -> None:
-    """Atomically replace the status file (readers never see half a file); the broker
-    watchdog writes from its own thread, hence a temp name per thread."""
-    tmp = f"{path}.{threading.get_ident()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(status, f)
-    os.replace(tmp, path)
-
-
 class _Meter:
     """Prometheus families of :mod:`c4base.metrics` for stage ``worker``."""
 
@@ -353,9 +364,7 @@ class _Meter:
         self.m.events_in.labels(stage=self.STAGE).inc(events)
         if clocks:
             # Wall time since the newest event was produced (meaningful on live traffic).
-            self.m.latency.labels(stage=self.STAGE).observe(
-                max(0.0, time.time() - max(clocks.values()) / 1e6)
-            )
+            observe_latency(self.m, self.STAGE, ts_us=max(clocks.values()))
 
     def output(self, out: Output) -> None:
         for v in out.verdicts:
@@ -384,12 +393,13 @@ class _Meter:
         try:
             for tp in assigned:
                 high = offsets.highwater(tp.topic, tp.partition)
-                read = offsets.read_offset(tp)
-                if high is None:
+                read = offsets.read_offset(tp)  # the last handed over; lag_of wants the next
+                nxt = read + 1 if read is not None else 0
+                lag = None if high is None else lag_of(high=high, position=nxt, committed=-1)
+                if lag is None:
                     continue
-                lag = high - (read + 1 if read is not None else 0)
                 self.m.consumer_lag.labels(
                     stage=self.STAGE, topic=tp.topic, partition=str(tp.partition)
-                ).set(max(0, lag))
+                ).set(lag)
         except Exception:  # metrics must never stop the worker
             log.debug("consumer lag not available", exc_info=True)

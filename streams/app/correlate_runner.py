@@ -11,16 +11,15 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
+from streams.app.correlate_jobs import JobPart, job_key, migration, partition_key
 from streams.app.deadletter import Record, dead_letter
 from streams.app.detect_runner import Lane
 from streams.app.engine import CorrelatorLike, Engine
+from streams.app.host_rails import HostRails
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
 from streams.app.watermark import Watermark, decode_watermark
 from streams.commands import IsolationCommand
@@ -30,73 +29,6 @@ from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict
 __all__ = ["CorrelatorRunner", "HostRails"]
 
 log = logging.getLogger(__name__)
-
-
-class HostRails:
-    """Rails that hold across jobs, on the worker's own clock (a job id is free to
-    invent, and each job has its own event time): a host isolated for one job is not
-    isolated again for another within ``cooldown_s``, and at most ``max_per_hour``
-    isolating commands go out per rolling hour whatever their jobs. Beyond, a command
-    becomes ``alert_only`` and its reason says why. (The per-job cap and cool-down of
-    the correlator still apply within a job.)
-
-    >>> from streams.commands import IsolationCommand
-    >>> cmd = lambda job, host: IsolationCommand(id=job + host, ts_us=1, job=job,
-    ...     host=host, fault="straggler", action="cordon_and_taint", confidence=1.0,
-    ...     reason="slow.", evidence={})
-    >>> r = HostRails(2, 600.0, clock=lambda: 0.0)
-    >>> [c.action for c in r.apply([cmd("a", "n1"), cmd("b", "n1"), cmd("c", "n2"),
-    ...                             cmd("d", "n3")])]
-    ['cordon_and_taint', 'alert_only', 'cordon_and_taint', 'alert_only']
-    >>> r.apply([cmd("b", "n1")])[0].reason
-    'slow. Not isolated: n1 was isolated for job a 0 s ago (cool-down per host, across jobs).'
-    """
-
-    def __init__(
-        self, max_per_hour: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.max_per_hour = max_per_hour
-        self.cooldown_s = cooldown_s
-        self.clock = clock
-        self._acted: deque[float] = deque()
-        self._hosts: dict[str, tuple[float, str]] = {}
-        """host -> (when, job) of its last isolating command."""
-        self.held = 0
-
-    def apply(self, cmds: list[IsolationCommand]) -> list[IsolationCommand]:
-        if not cmds:
-            return cmds
-        now = self.clock()
-        while self._acted and self._acted[0] < now - 3600.0:
-            self._acted.popleft()
-        for h in [h for h, (t, _) in self._hosts.items() if t < now - self.cooldown_s]:
-            del self._hosts[h]
-        out = []
-        for c in cmds:
-            if c.action == "alert_only":
-                out.append(c)
-                continue
-            prior = self._hosts.get(c.host)
-            why = ""
-            if prior is not None and prior[1] != c.job:
-                why = (
-                    f" Not isolated: {c.host} was isolated for job {prior[1][:64]} "
-                    f"{now - prior[0]:.0f} s ago (cool-down per host, across jobs)."
-                )
-            elif len(self._acted) >= self.max_per_hour:
-                why = (
-                    f" Not isolated: {len(self._acted)} isolating commands in the last hour "
-                    f"across all jobs (cap {self.max_per_hour}, [worker] max_isolations_per_hour)."
-                )
-            if why:
-                self.held += 1
-                log.warning("isolation of %s for job %s held:%s", c.host, c.job, why)
-                out.append(msgspec.structs.replace(c, action="alert_only", reason=c.reason + why))
-                continue
-            self._acted.append(now)
-            self._hosts[c.host] = (now, c.job)
-            out.append(c)
-        return out
 
 
 @dataclass
@@ -122,7 +54,7 @@ Held = tuple[int, int, bool, int, Verdict, Record]
 """(slice end, ts_us, not benign, seq, verdict, record): a heap entry."""
 
 
-class CorrelatorRunner(StateRunner[int]):
+class CorrelatorRunner(StateRunner[tuple[int, str]]):
     """One host correlator per ``c4.verdicts`` partition, fed in event-time order per job.
 
     Verdicts are judged in the order :class:`~streams.core.DetectionPipeline` judges
@@ -149,6 +81,16 @@ class CorrelatorRunner(StateRunner[int]):
     correlator refuses one beyond the allowed lateness, which is dead-lettered "late by
     N s" (counted ``deadlettered``). At most ``max_pending`` verdicts per verdicts
     partition and job are held (the oldest are judged beyond that: bounded state).
+
+    Lateness is event time against the job's own watermark, so a mark counts only once
+    the verdicts it covers are read: the watermark topic and ``c4.verdicts`` are fetched
+    independently, and a backlog of verdicts takes longer to read than its small marks.
+    A mark waits (``deferred``) until this correlator has read its verdicts partition up
+    to the mark's ``verdicts_offset``, or started past it (``verdicts_read_from``: where
+    the consumer resumed, the group's committed offset, asked once before the first
+    verdict of the partition is read) — never for some wall time,
+    which, on a backlog judged faster than real time, let the clock pass verdicts still
+    unread and dead-lettered them "late by" 10–20 s.
     """
 
     def __init__(
@@ -168,6 +110,7 @@ class CorrelatorRunner(StateRunner[int]):
         forget_lane_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
         host_rails: HostRails | None = None,
+        verdicts_read_from: Callable[[int], int | None] | None = None,
     ) -> None:
         super().__init__(
             lookup,
@@ -176,9 +119,17 @@ class CorrelatorRunner(StateRunner[int]):
             clock=clock,
         )
         self.engine = engine
+        self.per_job = callable(getattr(engine, "load_correlator_job", None))
+        """The engine's correlators checkpoint per job; one that cannot (a plug-in
+        engine written before) keeps one record per partition, the form before."""
         self.host_rails = host_rails
         """Cool-down per host and a cap across jobs (None: per job only)."""
         self.watermark_topic = watermark_topic
+        self.verdicts_read_from = verdicts_read_from
+        self._resumed: dict[int, int] = {}
+        """verdicts partition -> the offset its consumer resumed at (asked once)."""
+        """verdicts partition -> the offset this correlator's consumer resumed reading it
+        at (None: unknown, from the start): verdicts below were judged before."""
         self.forget_lane_s = forget_lane_s
         self.events_partitions = events_partitions
         self.idle_s = idle_s
@@ -188,6 +139,10 @@ class CorrelatorRunner(StateRunner[int]):
         self.quiet_run_us = allowed_lateness_us // 2
         self.started = clock()
         self.correlators: dict[int, CorrelatorLike] = {}
+        self.loaded: dict[int, set[str]] = {}
+        """verdicts partition -> the jobs whose checkpoint was read (or found none)."""
+        self._migrated: list[tuple[int, bytes, bytes]] = []
+        """Records moving a partition's checkpoint of the form before to one per job."""
         self.marks: dict[int, dict[int, _Mark]] = {}
         """verdicts partition -> events partition -> what its reports said."""
         self.lanes: dict[int, dict[Lane, _Mark]] = {}
@@ -209,27 +164,82 @@ class CorrelatorRunner(StateRunner[int]):
         """job -> wall time this correlator first heard of it."""
 
     @staticmethod
-    def key(partition: int) -> bytes:
-        return f"correlator-{partition}".encode()
+    def key(partition: int, job: str | None = None) -> bytes:
+        """The table key of ``job``'s checkpoint on ``partition`` (None: the partition's
+        whole correlator, the form before; :mod:`streams.app.correlate_jobs`)."""
+        return partition_key(partition) if job is None else job_key(partition, job)
 
     # ---------------------------------------------------------------- state
     def _correlator(self, p: int) -> CorrelatorLike:
         cor = self.correlators.get(p)
         if cor is None:
+            eng = self.engine
             cor = self.correlators[p] = self._restore(
-                self.key(p), self._what(p), self.engine.load_correlator, self.engine.new_correlator
+                self.key(p), self._what(p), eng.load_correlator, eng.new_correlator
             )
+            if (rails := self.host_rails) is not None:  # what p's correlator sent: held
+                self._restore_side(self.rails_key(p), f"host rails of {p}",
+                                   lambda data: rails.load(p, data))  # fmt: skip
+            jobs = sorted(getattr(cor, "clock", ())) if self.per_job else []
+            self.loaded[p] = set(jobs)
+            if jobs:  # a checkpoint of the form before: moved to per-job records
+                self._migrated += migration(p, cor, jobs, eng.new_correlator())
         return cor
+
+    def _job(self, p: int, job: str) -> CorrelatorLike:
+        """Partition ``p``'s correlator, holding ``job``'s checkpointed state."""
+        cor = self._correlator(p)
+        loaded = self.loaded[p]
+        if job not in loaded:
+            loaded.add(job)
+            if not self.per_job:
+                return cor
+
+            def load(data: bytes) -> None:
+                self.engine.load_correlator_job(cor, job, data)
+
+            self._restore(self.key(p, job), f"{self._what(p)}, job {job}", load, lambda: None)
+        return cor
+
+    @staticmethod
+    def rails_key(partition: int) -> bytes:
+        return f"host-rails-{partition}".encode()
 
     def _what(self, key: int) -> str:
         return f"host correlator {key}"
 
-    def _locate(self, key: int) -> tuple[int, bytes, Checkpointable] | None:
-        cor = self.correlators.get(key)
-        return None if cor is None else (key, self.key(key), cor)
+    def _locate(self, key: tuple[int, str]) -> tuple[int, bytes, Checkpointable] | None:  # type: ignore[override]
+        p, job = key
+        cor = self.correlators.get(p)
+        if cor is None:
+            return None
+        return (p, self.key(p, job), JobPart(cor, job)) if self.per_job else (p, self.key(p), cor)
 
-    def _keys(self, partitions: set[int] | None) -> list[int]:
-        return [p for p in self.correlators if partitions is None or p in partitions]
+    def _checkpoint(self, keys: list[tuple[int, str]]) -> list[tuple[int, bytes, bytes]]:  # type: ignore[override]
+        """The jobs' records, those of one partition encoded in one pass over its state,
+        and each such partition's share of the host rails."""
+        by_p: dict[int, list[str]] = {}
+        for p, job in keys:
+            by_p.setdefault(p, []).append(job)
+        out: list[tuple[int, bytes, bytes]] = []
+        if self.host_rails is not None:
+            out += [(q, self.rails_key(q), self.host_rails.state(q)) for q in by_p
+                    if q in self.correlators]  # fmt: skip
+        for p, jobs in by_p.items():
+            many = getattr(self.correlators.get(p), "parts_to_bytes", None)
+            if many is None:  # without per-job records: the partition's one, once
+                out += super()._checkpoint([(p, j) for j in (jobs if self.per_job else jobs[:1])])
+                continue
+            try:
+                out += [(p, self.key(p, j), b) for j, b in many(jobs).items()]
+            except Exception:
+                self.stats.detector_errors += 1
+                log.exception("checkpoint of %s failed", self._what(p))
+        return out
+
+    def _keys(self, partitions: set[int] | None) -> list[tuple[int, str]]:  # type: ignore[override]
+        return [(p, j) for p, jobs in self.loaded.items()
+                if partitions is None or p in partitions for j in jobs]  # fmt: skip
 
     def _close(self, partitions: set[int] | None, out: Output) -> None:
         """Judge every held verdict (in event-time order per job)."""
@@ -240,15 +250,20 @@ class CorrelatorRunner(StateRunner[int]):
                 while heap:
                     self._observe(p, heapq.heappop(heap), out, now)
 
-    def _drop(self, partitions: set[int] | None, keys: list[int]) -> None:
-        for p in keys:
+    def _drop(self, partitions: set[int] | None, keys: list[tuple[int, str]]) -> None:  # type: ignore[override]
+        held = set(self.correlators) if partitions is None else partitions
+        for p in held | {k[0] for k in keys}:
             self.correlators.pop(p, None)
+            self.loaded.pop(p, None)
             self.pending.pop(p, None)
+            if self.host_rails is not None:
+                self.host_rails.forget(p)
         for q in list(self.marks) if partitions is None else partitions:
             self.marks.pop(q, None)
             self.lanes.pop(q, None)
             self.deferred.pop(q, None)
             self.read_upto.pop(q, None)
+            self._resumed.pop(q, None)
             for k in [k for k in self._advanced_us if k[0] == q]:
                 del self._advanced_us[k]
 
@@ -274,6 +289,11 @@ class CorrelatorRunner(StateRunner[int]):
             m.idle_since = None
         elif moved or m.idle_since is None:
             m.idle_since = now
+
+    def _heard(self, q: int, p: int, now: float) -> None:
+        m = self._marks(q).get(p)
+        if m is not None:
+            m.heard = now
 
     def _apply(self, q: int, wm: Watermark, now: float) -> None:
         marks = self._marks(q)
@@ -414,8 +434,12 @@ class CorrelatorRunner(StateRunner[int]):
                 except ValueError as err:  # msgspec's DecodeError is one
                     out.deadletters.append(dead_letter(rec, f"undecodable watermark: {err}"))
                     continue
-                if wm.verdicts_offset > self.read_upto.get(q, -1):
+                if wm.verdicts_offset > self._read_upto(q):
                     self.deferred.setdefault(q, []).append((wm, now))
+                    # its sender is alive, whatever its clock waits for: a partition
+                    # whose marks wait for a backlog of verdicts is not "gone"
+                    # (max_hold_s), which would let the other partitions' clocks pass it
+                    self._heard(q, wm.partition, now)
                 else:
                     self._apply(q, wm, now)
                 continue
@@ -429,7 +453,7 @@ class CorrelatorRunner(StateRunner[int]):
                 continue
             st.events += 1
             self._seq += 1
-            self._correlator(q)  # restored (or created) now: status shows what serves q
+            self._job(q, verdict.job)  # restored (or created) now: status shows what serves q
             self._seen(verdict.job, now)
             clock = rec.clock_us if rec.clock_us is not None else verdict.ts_us
             end = clock - clock % self.slice_us + self.slice_us
@@ -442,16 +466,31 @@ class CorrelatorRunner(StateRunner[int]):
         self._count(out)
         return out
 
+    def _read_upto(self, q: int) -> int:
+        """The highest offset of verdicts partition ``q`` this correlator has read, or
+        below which the verdicts were read before it resumed (a restart)."""
+        upto = self.read_upto.get(q, -1)
+        start = self._resumed.get(q)
+        if start is None:
+            # where the consumer resumed: asked once, before this correlator read any
+            # verdict of q (later, the group's commit may include verdicts fetched but
+            # not yet judged here; by then read_upto says it)
+            start = -1
+            if self.verdicts_read_from is not None and q not in self.read_upto:
+                start = self.verdicts_read_from(q) or 0
+            self._resumed[q] = start
+        return max(upto, start - 1)
+
     def _undefer(self, now: float) -> None:
         for q, waiting in self.deferred.items():
             if not waiting:
                 continue
-            upto = self.read_upto.get(q, -1)
+            upto = self._read_upto(q)
             keep = []
             for wm, at in waiting:
-                # A mark whose verdict never shows up (this correlator started past it,
-                # e.g. after a restart) counts after idle_s rather than never.
-                if wm.verdicts_offset <= upto or now - at >= self.idle_s:
+                # by offsets only: however long its verdicts take to be read, a mark
+                # never passes them (they would be judged "late" by a backlog's speed)
+                if wm.verdicts_offset <= upto:
                     self._apply(q, wm, now)
                 else:
                     keep.append((wm, at))
@@ -459,36 +498,50 @@ class CorrelatorRunner(StateRunner[int]):
 
     def _release(self, out: Output, now: float) -> None:
         self._undefer(now)
+        # each job's watermark once per call (it moves with marks only, not verdicts)
+        marks: dict[tuple[int, str], int | None] = {}
         for q, jobs in self.pending.items():
             for job, heap in jobs.items():
-                wm = self.watermark(now, q, job)
+                if not heap:
+                    continue
+                wm = marks[(q, job)] = self.watermark(now, q, job)
                 while heap and (
                     (wm is not None and heap[0][0] <= wm) or len(heap) > self.max_pending
                 ):
                     self._observe(q, heapq.heappop(heap), out, now)
         for q, cor in self.correlators.items():
-            jobs = {j for _, j in self.lanes.get(q, {})} | set(self.pending.get(q, {}))
-            for job in sorted(jobs):
-                wm = self.watermark(now, q, job)
+            due: dict[str, int] = {}
+            for job in sorted({j for _, j in self.lanes.get(q, {})} | set(self.pending.get(q, {}))):
+                wm = marks[(q, job)] if (q, job) in marks else self.watermark(now, q, job)
                 if wm is None or wm <= self._advanced_us.get((q, job), -1):
                     continue
                 self._advanced_us[(q, job)] = wm
-                try:
-                    found = cor.advance(wm, job)
-                except Exception:
-                    self.stats.detector_errors += 1
-                    log.exception("host correlator %d failed to advance job %s", q, job)
-                    continue
-                if found:
-                    out.commands.extend(self._railed(found))
-                    self.schedule.touch(q, 1, now)
+                due[job] = wm
+            if not due:
+                continue
+            for job in due:  # a job met first by its watermark: its checkpoint read now
+                self._job(q, job)
+            many = getattr(cor, "advance_jobs", None)  # one pass for all jobs (the core's)
+            try:
+                if many is not None:
+                    found = many(due)
+                else:
+                    found = [c for job, wm in due.items() for c in cor.advance(wm, job)]
+            except Exception:
+                self.stats.detector_errors += 1
+                log.exception("host correlator %d failed to advance jobs %s", q, sorted(due)[:8])
+                continue
+            if found:
+                out.commands.extend(self._railed(found, q))
+            for job in {c.job for c in found}:  # decided: dirty (a clock alone is not)
+                self.schedule.touch((q, job), 1, now)
 
     def _observe(self, p: int, held: Held, out: Output, now: float) -> None:
         end, verdict, rec = held[0], held[-2], held[-1]
-        cor = self._correlator(p)
+        cor = self._job(p, verdict.job)
         behind = end <= self._advanced_us.get((p, verdict.job), -1)
         try:
-            out.commands.extend(self._railed(cor.observe(verdict)))
+            out.commands.extend(self._railed(cor.observe(verdict), p))
         except LateEvidence as err:
             self._late(verdict.job, "deadlettered", out)
             out.deadletters.append(dead_letter(rec, str(err)))
@@ -501,10 +554,10 @@ class CorrelatorRunner(StateRunner[int]):
             return
         if behind:  # its job's watermark had passed it: judged late, within the lateness
             self._late(verdict.job, "judged", out)
-        self.schedule.touch(p, 1, now)
+        self.schedule.touch((p, verdict.job), 1, now)
 
-    def _railed(self, cmds: list[IsolationCommand]) -> list[IsolationCommand]:
-        return self.host_rails.apply(cmds) if self.host_rails is not None and cmds else cmds
+    def _railed(self, cmds: list[IsolationCommand], q: int) -> list[IsolationCommand]:
+        return self.host_rails.apply(cmds, q) if self.host_rails is not None and cmds else cmds
 
     def _late(self, job: str, outcome: str, out: Output) -> None:
         counts = self.late_verdicts.setdefault(job, {})
@@ -512,10 +565,16 @@ class CorrelatorRunner(StateRunner[int]):
         out.late_verdicts.append((job, outcome))
 
     def _due(self, out: Output, now: float) -> None:
-        """Checkpoint the time/count-due correlators, and every dirty one when a decision
-        was made, so that its checkpoint goes out right behind the command (a worker
-        killed a second after a decision used to send it again)."""
-        keys = self.schedule.take_all() if out.commands else self.schedule.take_due(now)
+        """Checkpoint the time/count-due jobs, and every job that decided, so that its
+        checkpoint goes out right behind the command (a worker killed a second after a
+        decision used to send it again); a partition's checkpoint of the form before is
+        moved to per-job records first."""
+        out.checkpoints.extend(self._migrated)
+        self._migrated.clear()
+        keys = self.schedule.take_due(now)
+        if out.commands:
+            deciding = {c.job for c in out.commands}
+            keys += self.schedule.take_all([(p, j) for p in self.correlators for j in deciding])
         out.checkpoints.extend(self._checkpoint(keys))
 
     def tick(self) -> Output:
@@ -527,8 +586,9 @@ class CorrelatorRunner(StateRunner[int]):
         for q, lanes in self.lanes.items():
             for lane in [k for k, m in lanes.items() if now - m.heard > self.forget_lane_s]:
                 del lanes[lane]
+            laned = {lj for _, lj in lanes}
             for job in [j for j, h in self.pending.get(q, {}).items() if not h]:
-                if not any(job == lj for _, lj in lanes):
+                if job not in laned:
                     del self.pending[q][job]
         self._due(out, now)
         self._count(out)

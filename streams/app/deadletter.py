@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from c4base.deadletter import DeadLetter
-from c4base.signing import FRESH_HEADER, HOST_HEADER, SIG_HEADER
+from c4base.progress import Message
+from c4base.signing import FRESH_HEADER, HOST_HEADER, SIG_HEADER, SNAPSHOT_HEADER
 from producers.columnar import CONTENT_TYPE_HEADER
 
 __all__ = ["CLOCK_HEADER", "DeadLetterPublisher", "Record", "dead_letter", "refused_checkpoint"]
@@ -21,14 +22,9 @@ STAGE = "worker"
 
 
 @dataclass(frozen=True, slots=True)
-class Record:
+class Record(Message):
     """One Kafka message as the worker saw it (independent of Faust's event type)."""
 
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
     clock_us: int | None = None
     """Header :data:`CLOCK_HEADER` of a verdict: the event-time clock of its events
     partition when the detector concluded it (orders verdicts like DetectionPipeline)."""
@@ -40,10 +36,9 @@ class Record:
     fresh: bytes | None = None
     """Header ``c4-fresh`` of a signed events message: the host's sequence number and
     time, inside the signature."""
-
-    @property
-    def source(self) -> str:
-        return f"{self.topic}[{self.partition}]@{self.offset}"
+    snapshot: bytes | None = None
+    """Header ``c4-fr-snapshot``: the message is part of a Flight Recorder snapshot
+    (judged whole, :mod:`producers.formats.fr_wire`), not of the stream."""
 
     @classmethod
     def of_event(cls, event: Any) -> Record:
@@ -66,6 +61,7 @@ class Record:
             _header(headers, HOST_HEADER),
             _header(headers, SIG_HEADER),
             _header(headers, FRESH_HEADER),
+            _header(headers, SNAPSHOT_HEADER),
         )
 
 
@@ -89,9 +85,7 @@ def _header(headers: Any, name: str) -> bytes | None:
 
 
 def dead_letter(record: Record, reason: str) -> DeadLetter:
-    return DeadLetter.of(
-        record.value, reason=reason, stage=STAGE, source=record.source, key=record.key
-    )
+    return DeadLetter.of_record(record, reason, STAGE)
 
 
 def refused_checkpoint(key: bytes, data: bytes, err: Exception) -> DeadLetter:

@@ -7,10 +7,8 @@ Faust plumbing is the same whatever detects. :class:`CoreEngine` is the real one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
-from producers.events import Event
 from streams.commands import IsolationCommand
 from streams.core import CommDetector, HostCorrelator, build_detectors
 from streams.core.columns import EventColumnsLike
@@ -23,8 +21,10 @@ __all__ = ["CoreEngine", "CorrelatorLike", "DetectorLike", "Engine"]
 class DetectorLike(Protocol):
     """State of one communicator (``streams.core.CommDetector``)."""
 
-    def observe(self, events: Sequence[Event]) -> list[Verdict]: ...
-    def observe_columns(self, cols: EventColumnsLike) -> list[Verdict]: ...
+    def observe(self, cols: EventColumnsLike) -> list[Verdict]:
+        """One batch of the communicator's events, as columns (rows in arrival order)."""
+        ...
+
     def advance(self, now_us: int) -> list[Verdict]: ...
     def to_bytes(self) -> bytes: ...
 
@@ -37,7 +37,9 @@ class CorrelatorLike(Protocol):
         """Move ``job``'s event time on (every job's when None)."""
         ...
 
-    def to_bytes(self) -> bytes: ...
+    def to_bytes(self, job: str | None = None) -> bytes:
+        """A checkpoint of the whole correlator, or of ``job``'s part alone."""
+        ...
 
 
 class Engine(Protocol):
@@ -52,6 +54,13 @@ class Engine(Protocol):
     def new_correlator(self) -> CorrelatorLike: ...
     def load_correlator(self, data: bytes) -> CorrelatorLike:
         """As :meth:`load_detector`, for a host correlator."""
+        ...
+
+    def load_correlator_job(self, into: CorrelatorLike, job: str, data: bytes) -> None:
+        """Replace ``job``'s part of ``into`` with its checkpoint (``to_bytes(job)``);
+        ``ValueError`` as :meth:`load_detector` (also for another job's). Optional: an
+        engine without it is checkpointed one record per verdicts partition (its
+        correlators' ``to_bytes()`` without a job), as before per-job records."""
         ...
 
 
@@ -81,3 +90,7 @@ class CoreEngine:
 
     def load_correlator(self, data: bytes) -> CorrelatorLike:
         return HostCorrelator.from_bytes(data, self.policy)
+
+    def load_correlator_job(self, into: CorrelatorLike, job: str, data: bytes) -> None:
+        assert isinstance(into, HostCorrelator)
+        HostCorrelator.from_bytes(data, self.policy, into, job)

@@ -6,21 +6,38 @@ lives here so that a Faust upgrade that renames them breaks one module, and each
 accessor answers None (never raises) when the consumer is not there yet.
 
 It also holds the worker's guards against a Faust + aiokafka race that lost messages
-after a restart (:class:`GuardedTransport`, :meth:`ConsumerView.rewind_uncommitted`).
+after a restart (:class:`GuardedTransport`, :meth:`ConsumerView.rewind_uncommitted`),
+and :class:`BoundedStopWorker`: Faust's worker wired to the runtime the sinks share
+(:mod:`c4base.lifeguard`'s stop deadline, :mod:`c4base.throttle`'s repeated-line limit).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Collection
+import signal
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
+from faust import Worker
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-__all__ = ["ConsumerView", "GuardedTransport", "install_guarded_transport"]
+from c4base import lifeguard
+from c4base.throttle import install_repeat_filter
+
+__all__ = [
+    "BoundedStopWorker",
+    "ConsumerView",
+    "GuardedTransport",
+    "drain_table_writes",
+    "install_guarded_transport",
+    "stop_on_crash",
+]
 
 log = logging.getLogger(__name__)
+
+AgentBody = Callable[[Any], Awaitable[None]]
 
 
 class _SnapshotConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -120,3 +137,88 @@ class ConsumerView:
         for tp in rewound:
             await consumer.seek(tp, 0)
         return rewound
+
+
+async def drain_table_writes(app: Any) -> int:
+    """Wait until Faust's producer buffer (the tables' changelog writes, put there by
+    ``send_changelog`` without a send) is empty; returns what is left (0 normally).
+
+    Why: a clean stop checkpoints every dirty detector at once (thousands under load),
+    and Faust's own flush returns as soon as one message takes over 0.1 s; its buffer
+    then raised "Cannot flush: Producer not Running" when it stopped with messages in
+    it (the worker exited 1), or those checkpoints were lost. The stop deadline
+    (:class:`BoundedStopWorker`) bounds the wait."""
+    buffer = app.producer.buffer
+    while buffer.size:
+        await buffer.flush_atmost(None)  # returns on a 0.1-s stall: try again
+    return buffer.size
+
+
+def stop_on_crash(
+    on_crash: Callable[[str, BaseException], None],
+) -> Callable[[AgentBody], AgentBody]:
+    """Decorate an agent's body: should it raise, ``on_crash`` (which ends the process)
+    is called at once.
+
+    Why: Faust acks a ``take_events`` batch in the generator's ``finally``, which also
+    runs after the body raised, and its supervisor restarts the agent on the next batch:
+    the failed batch was committed unread (measured: a batch of offsets 0-4 raised, the
+    new agent read 5-9, the group committed 10). Exiting before the generator is closed
+    commits nothing past it, so a restart reads it again, as a sink's ``FatalError``
+    does. A rebalance's cancellation is not an ``Exception`` and passes through.
+    """
+
+    def wrap(body: AgentBody) -> AgentBody:
+        @functools.wraps(body)
+        async def agent(stream: Any) -> None:
+            try:
+                await body(stream)
+            except Exception as err:
+                on_crash(body.__name__, err)
+                raise
+
+        return agent
+
+    return wrap
+
+
+class BoundedStopWorker(Worker):
+    """Faust's worker whose clean stop is bounded: on SIGTERM/SIGINT it stops consuming
+    and checkpoints as Faust does, but past ``grace_s`` the process ends with status
+    :data:`~c4base.lifeguard.EXIT_STOP_TIMEOUT` after ``on_overdue`` (Faust's clean stop
+    waits for a broker that may never answer). Its log lines pass the repeated-line
+    limit; ``own_logging``: the caller configured logging, Faust leaves it alone."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        grace_s: float,
+        on_overdue: Callable[[], None],
+        own_logging: bool,
+        **kwargs: Any,
+    ) -> None:
+        self.c4_grace_s = grace_s
+        self.c4_on_overdue = on_overdue
+        self.c4_own_logging = own_logging
+        super().__init__(app, **kwargs)
+
+    def _setup_logging(self) -> None:
+        if not self.c4_own_logging:
+            super()._setup_logging()
+        install_repeat_filter()
+
+    def install_signal_handlers(self) -> None:
+        super().install_signal_handlers()
+        # the stop deadline starts when the signal arrives, not when the loop next
+        # gets a turn (a long step once kept SIGTERM waiting for a minute)
+        lifeguard.arm_on_signal(
+            (signal.SIGTERM, signal.SIGINT), self.c4_grace_s, self.c4_on_overdue
+        )
+
+    def _schedule_shutdown(self, signum: signal.Signals) -> None:
+        # Faust's clean stop waits for the broker; bound it (status 4 past the grace).
+        if not self._signal_stop_time:
+            log.info("%s: stopping (at most %.0fs)", signum.name, self.c4_grace_s)
+            lifeguard.stop_deadline(self.c4_grace_s, self.c4_on_overdue)
+        super()._schedule_shutdown(signum)

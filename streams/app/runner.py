@@ -149,6 +149,21 @@ class StateRunner(Generic[K]):
         self.stats.created += 1
         return new()
 
+    def _restore_side(self, table_key: bytes, what: str, load: Callable[[bytes], object]) -> None:
+        """State kept beside the keyed ones (the host rails, the signers' sequence numbers):
+        loaded from its last checkpoint if any and readable (else dead-lettered), not
+        counted as a detector or correlator restored or created."""
+        data = self.lookup(table_key)
+        if data is None:
+            return
+        try:
+            load(data)
+        except Exception as err:  # corrupt or foreign bytes: never run, dead-lettered
+            log.warning("checkpoint of %s refused (%s); starting afresh", what, err)
+            self._refused.append(refused_checkpoint(table_key, data, err))
+        else:
+            log.info("restored %s from its checkpoint (%d bytes)", what, len(data))
+
     def _checkpoint(self, keys: list[K]) -> list[tuple[int, bytes, bytes]]:
         out = []
         for key in keys:

@@ -29,6 +29,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 
+import msgspec
+
 from c4base.signing import (
     SIG_HEADER,
     SigningError,
@@ -41,13 +43,39 @@ from c4base.signing import (
     verify,
 )
 from streams.app.deadletter import Record
+from streams.core import checkpoint as ck
+from streams.verdicts import Verdict
 
-__all__ = ["CommandSigner", "EventTrust", "Freshness", "signature_refusal"]
+__all__ = ["CommandSigner", "EventTrust", "Freshness", "alert_only_unless_trusted",
+           "signature_refusal"]  # fmt: skip
 
 #: Sequence numbers remembered per host (older ones are refused by their time).
 MAX_SEQS_PER_HOST = 4096
 #: Hosts whose sequence numbers are remembered (the least recently heard is forgotten).
 MAX_FRESH_HOSTS = 65_536
+
+
+class _Seqs:
+    """One signing host's accepted messages on one partition."""
+
+    __slots__ = ("at", "floor", "newest", "order")
+
+    def __init__(self, newest: int, floor: int = -1) -> None:
+        self.at: dict[int, int] = {}
+        """seq -> the offset it was accepted at (-1: unknown)."""
+        self.order: deque[tuple[int, int]] = deque()
+        """(ts, seq) in arrival order."""
+        self.newest, self.floor = newest, floor
+
+
+class _FreshState(msgspec.Struct, array_like=True):
+    """A partition's freshness as checkpointed: per host (name, newest ts, floor ts,
+    [[ts, seq, offset], ...] in arrival order)."""
+
+    hosts: list[tuple[str, int, int, list[tuple[int, int, int]]]]
+
+
+_FRESH_SCHEMA = 1
 
 
 class Freshness:
@@ -62,6 +90,12 @@ class Freshness:
     Messages of one host reach the worker out of order (they go to the partitions of
     their communicators), hence a window rather than "seq must grow".
 
+    What is remembered is kept per events partition (a replay is keyed like the
+    original, so it lands on the same partition) and checkpointed with the partition's
+    state (:meth:`state`, :meth:`load`): a worker restarted, or the one a partition
+    moves to, still refuses a replay. The same message read again at the offset it was
+    accepted at (a redelivery after a restart) is not a replay.
+
     >>> f = Freshness(window_us=60_000_000, max_age_us=3_600_000_000, ahead_us=600_000_000,
     ...               epoch=lambda: 1000.0)
     >>> f.refusal("n1", 5, 999_000_000), f.refusal("n1", 4, 999_500_000)
@@ -70,6 +104,10 @@ class Freshness:
     'replayed: n1 already sent message seq 5'
     >>> f.refusal("n1", 9, 900_000_000)
     'stale: n1 signed this message 100 s before its newest (window 60 s)'
+    >>> g = Freshness(window_us=60_000_000, max_age_us=3_600_000_000, ahead_us=600_000_000,
+    ...               epoch=lambda: 1000.0)
+    >>> g.load(0, f.state(0)); g.refusal("n1", 4, 999_500_000)
+    'replayed: n1 already sent message seq 4'
     """
 
     def __init__(
@@ -82,42 +120,76 @@ class Freshness:
     ) -> None:
         self.window_us, self.max_age_us, self.ahead_us = window_us, max_age_us, ahead_us
         self.epoch = epoch
-        self._hosts: dict[str, tuple[set[int], deque[tuple[int, int]], list[int]]] = {}
-        """host -> (seqs accepted, (ts, seq) in arrival order, [newest ts, floor ts])."""
+        self._hosts: dict[tuple[int, str], _Seqs] = {}
+        """(partition, host) -> its accepted messages; least recently heard first."""
 
-    def refusal(self, host: str, seq: int, ts_us: int) -> str | None:
-        """Why (seq, ts_us) of ``host`` is not fresh, or None (then it is remembered)."""
+    def refusal(
+        self, host: str, seq: int, ts_us: int, where: tuple[int, int] = (0, -1)
+    ) -> str | None:
+        """Why (seq, ts_us) of ``host`` is not fresh, or None (then it is remembered).
+        ``where``: the message's (partition, offset)."""
         now = int(self.epoch() * 1e6)
         if ts_us > now + self.ahead_us:
             ahead = (ts_us - now) / 1e6
             return f"stale: {host[:80]} signed this message {ahead:.0f} s ahead of the wall clock"
         if ts_us < now - self.max_age_us:
             return f"stale: {host[:80]} signed this message {(now - ts_us) / 1e6:.0f} s ago"
-        st = self._hosts.pop(host, None)  # re-inserted last: the dict is an LRU
+        part, offset = where
+        st = self._hosts.pop((part, host), None)  # re-inserted last: the dict is an LRU
         if st is None:
-            st = (set(), deque(), [ts_us, -1])
-        self._hosts[host] = st
+            st = _Seqs(ts_us)
+        self._hosts[(part, host)] = st
         if len(self._hosts) > MAX_FRESH_HOSTS:
             del self._hosts[next(iter(self._hosts))]
-        seqs, order, times = st
-        if seq in seqs:
+        if seq in st.at:
+            if offset >= 0 and st.at[seq] == offset:
+                return None  # the same record read again (a restart): not a replay
             return f"replayed: {host[:80]} already sent message seq {seq}"
-        newest, floor = times
-        if ts_us < newest - self.window_us or ts_us <= floor:
+        if ts_us < st.newest - self.window_us or ts_us <= st.floor:
             return (
-                f"stale: {host[:80]} signed this message {(newest - ts_us) / 1e6:.0f} s "
+                f"stale: {host[:80]} signed this message {(st.newest - ts_us) / 1e6:.0f} s "
                 f"before its newest (window {self.window_us / 1e6:.0f} s)"
             )
-        seqs.add(seq)
-        order.append((ts_us, seq))
-        times[0] = max(newest, ts_us)
-        while order and order[0][0] < times[0] - self.window_us:  # the time rule covers them
-            seqs.discard(order.popleft()[1])
+        st.at[seq] = offset
+        st.order.append((ts_us, seq))
+        st.newest = max(st.newest, ts_us)
+        order = st.order
+        while order and order[0][0] < st.newest - self.window_us:  # the time rule covers them
+            st.at.pop(order.popleft()[1], None)
         while len(order) > MAX_SEQS_PER_HOST:  # forgotten early: refused by their time
             t, q = order.popleft()
-            seqs.discard(q)
-            times[1] = max(times[1], t)
+            st.at.pop(q, None)
+            st.floor = max(st.floor, t)
         return None
+
+    def partitions(self) -> set[int]:
+        return {p for p, _ in self._hosts}
+
+    def state(self, partition: int) -> bytes:
+        """What ``partition`` remembers, as a checkpoint (versioned msgpack, no pickle)."""
+        hosts = [
+            (h, st.newest, st.floor, [(t, q, st.at.get(q, -1)) for t, q in st.order])
+            for (p, h), st in self._hosts.items()
+            if p == partition
+        ]
+        return ck.encode("freshness", _FRESH_SCHEMA, _FreshState(hosts))
+
+    def load(self, partition: int, data: bytes) -> None:
+        """:meth:`state` back; :class:`~streams.core.checkpoint.CheckpointError` for
+        anything else."""
+        st = ck.decode(data, "freshness", {_FRESH_SCHEMA: _FreshState})
+        for host, newest, floor, order in st.hosts[:MAX_FRESH_HOSTS]:
+            seqs = _Seqs(newest, floor)
+            for t, q, offset in order[-MAX_SEQS_PER_HOST:]:
+                seqs.order.append((t, q))
+                seqs.at[q] = offset
+            self._hosts[(partition, host)] = seqs
+        while len(self._hosts) > MAX_FRESH_HOSTS:
+            del self._hosts[next(iter(self._hosts))]
+
+    def forget(self, partition: int) -> None:
+        for key in [k for k in self._hosts if k[0] == partition]:
+            del self._hosts[key]
 
 
 class EventTrust:
@@ -150,9 +222,12 @@ class EventTrust:
         signer: bytes | None,
         signature: bytes | None,
         fresh: bytes | None = None,
+        snapshot: bytes | None = None,
+        where: tuple[int, int] = (0, -1),
     ) -> str | None:
         """Why a message's signature is not acceptable (before decoding), or None; a
-        replayed or stale message (header ``c4-fresh``) is not either."""
+        replayed or stale message (header ``c4-fresh``) is not either. ``where``: its
+        (partition, offset)."""
         if signer is None or signature is None:
             return "unsigned message: no c4-host/c4-sig headers (require_signed_events is on)"
         host = signer.decode("utf-8", "replace")
@@ -160,7 +235,7 @@ class EventTrust:
             keys = self._keys(host)
         except SigningError as err:
             return f"bad signature: header c4-host: {err}"
-        if not verify(keys, event_bytes(value, host, content_type, fresh), signature):
+        if not verify(keys, event_bytes(value, host, content_type, fresh, snapshot), signature):
             return f"bad signature: not signed by the key of {host[:80]} (tampered, or another key)"
         if fresh is None:
             if self.require_fresh:
@@ -172,11 +247,14 @@ class EventTrust:
         got = parse_fresh(fresh)
         if got is None:
             return "bad c4-fresh header: not <seq>.<ts_us>"
-        return self.freshness.refusal(host, *got) if self.freshness is not None else None
+        return self.freshness.refusal(host, *got, where) if self.freshness is not None else None
 
     def of(self, rec: Record) -> str | None:
         """:meth:`refusal` of a worker :class:`~streams.app.deadletter.Record`."""
-        return self.refusal(rec.value, rec.content_type, rec.signer, rec.signature, rec.fresh)
+        return self.refusal(
+            rec.value, rec.content_type, rec.signer, rec.signature, rec.fresh, rec.snapshot,
+            (rec.partition, rec.offset),
+        )  # fmt: skip
 
     @staticmethod
     def host_refusal(signer: bytes | None, hosts: Iterable[str]) -> str | None:
@@ -209,3 +287,85 @@ class CommandSigner:
 
     def headers(self, value: bytes) -> list[tuple[str, bytes]]:
         return [(SIG_HEADER, sign(self._key, command_bytes(value)))]
+
+
+def alert_only_unless_trusted(
+    verdicts: list[Verdict], contested: str | None, lonely: Callable[[Verdict], str | None]
+) -> tuple[list[Verdict], int]:
+    """``verdicts`` made alert-only (benign, the reason saying why) while their
+    communicator's evidence is ``contested``, or when ``lonely`` says nobody corroborates
+    a finding; with how many findings were uncorroborated. Notes stay notes."""
+    out, n_lonely = [], 0
+    for v in verdicts:
+        why = None
+        if contested is not None:
+            why = f"evidence contested ({contested}); alert only."
+        elif not v.benign and (alone := lonely(v)) is not None:
+            n_lonely += 1
+            why = f"not corroborated ({alone}); alert only."
+        if why is None:
+            out.append(v)
+        else:
+            out.append(msgspec.structs.replace(v, benign=True, reason=f"{why} {v.reason}"))
+    return out, n_lonely
+
+
+FRESH_KEY = "\x00c4-fresh/"
+"""Table key prefix of a partition's :class:`Freshness` (no communicator id starts with a
+NUL: the contract's names are printable)."""
+
+
+class FreshCheckpoints:
+    """The router's side of :class:`Freshness` checkpoints: restored per events partition
+    before its first message is checked, marked dirty by every signed message, located,
+    listed and forgotten like a communicator's state (keys :data:`FRESH_KEY` + partition)."""
+
+    __slots__ = ("fresh", "held")
+
+    def __init__(self, trust: EventTrust | None) -> None:
+        self.fresh = trust.freshness if trust is not None else None
+        self.held: set[int] = set()
+
+    def restore(self, records: Sequence[Record], restore: Callable[..., object]) -> dict[str, int]:
+        """Restore the freshness of partitions not held yet (``restore``: the runner's);
+        the keys to mark dirty, with their signed messages."""
+        f = self.fresh
+        if f is None:
+            return {}
+        for p in {r.partition for r in records} - self.held:
+            self.held.add(p)
+            restore(f"{FRESH_KEY}{p}".encode(), f"freshness of events partition {p}",
+                    lambda data, p=p: f.load(p, data))  # fmt: skip
+        dirty: dict[str, int] = {}
+        for r in records:
+            if r.fresh is not None:
+                key = f"{FRESH_KEY}{r.partition}"
+                dirty[key] = dirty.get(key, 0) + 1
+        return dirty
+
+    def locate(self, key: str) -> tuple[int, bytes, _FreshPart] | None:
+        if self.fresh is None or not key.startswith(FRESH_KEY):
+            return None
+        p = int(key[len(FRESH_KEY) :])
+        return (p, key.encode(), _FreshPart(self.fresh, p)) if p in self.held else None
+
+    def keys(self, partitions: set[int] | None) -> list[str]:
+        return [
+            f"{FRESH_KEY}{p}" for p in sorted(self.held) if partitions is None or p in partitions
+        ]
+
+    def drop(self, partitions: set[int] | None) -> None:
+        for p in [p for p in self.held if partitions is None or p in partitions]:
+            self.held.discard(p)
+            if self.fresh is not None:
+                self.fresh.forget(p)
+
+
+class _FreshPart:
+    __slots__ = ("fresh", "p")
+
+    def __init__(self, fresh: Freshness, p: int) -> None:
+        self.fresh, self.p = fresh, p
+
+    def to_bytes(self) -> bytes:
+        return self.fresh.state(self.p)

@@ -11,9 +11,11 @@ of its events partitions has been judged (:class:`WatermarkSender`), and agent
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -21,6 +23,7 @@ import msgspec
 from producers.guard import BoundsError, check_bounds
 
 __all__ = [
+    "QueuedMarks",
     "Watermark",
     "WatermarkSender",
     "decode_watermark",
@@ -100,6 +103,18 @@ Send = Callable[[int, bytes, bytes], Awaitable[Any]]
 """(verdicts partition, key, value) -> sent: puts one watermark on the topic."""
 
 
+@dataclass
+class QueuedMarks:
+    """Marks placed in line by :meth:`WatermarkSender.queue`, waiting to be sent."""
+
+    lanes: dict[int, list[tuple[str, int]]]
+    idle: dict[int, bool]
+    clocks: dict[tuple[int, str], int]
+    after: asyncio.Event | None
+    """Set once the marks queued before these have gone."""
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class WatermarkSender:
     """Agent ``detect``'s side: tracks what it judged and sends changed clocks."""
 
@@ -121,6 +136,8 @@ class WatermarkSender:
         """events partition -> next offset agent ``detect`` has not judged yet."""
         self.verdicts_sent: dict[int, int] = {}
         """verdicts partition -> offset of the last verdict this worker put there."""
+        self._tail: asyncio.Event | None = None
+        """Set once the mark queued last has gone (None: none queued yet)."""
 
     def taken(self, partition: int, offset: int) -> None:
         """Agent ``detect`` took the message at ``offset`` of events ``partition``."""
@@ -148,21 +165,57 @@ class WatermarkSender:
             nxt = self.consumer.committed(self.events_topic, p) or 0
         return nxt >= high
 
-    async def send_all(
-        self, partitions: Iterable[int], clocks: dict[tuple[int, str], int], heartbeat: bool
-    ) -> None:
-        """Tell every correlator how far each job in each events partition of this worker
-        has been judged (``clocks``: (partition, job) -> clock): the lanes whose clock or
-        lag changed, a job's clock only to the verdicts partition of the job. On
-        ``heartbeat`` also a mark of each partition as a whole (clock -1:
-        it moves no clock, it says the partition is alive and whether it has lag) and the
-        :data:`REFRESH` least recently sent lanes again: a tick's sends do not grow with
-        the number of idle lanes (one per lane per tick was 20,000 marks a second at
-        20,000 jobs). Call after the verdicts are sent."""
-        lanes: dict[int, list[tuple[str | None, int]]] = {p: [] for p in partitions}
+    def queue(
+        self, partitions: Iterable[int], clocks: Mapping[tuple[int, str], int]
+    ) -> QueuedMarks:
+        """The marks of ``partitions`` as the lanes stand now (``clocks``: (partition,
+        job) -> clock), placed in line behind every mark queued before. Call it in the
+        same step as the router call whose verdicts the marks follow, with no ``await``
+        between: the lanes' clocks then cover exactly the verdicts queued so far."""
+        lanes: dict[int, list[tuple[str, int]]] = {p: [] for p in partitions}
         for (p, job), clock in clocks.items():
             lanes.setdefault(p, []).append((job, clock))
         idle = {p: self.caught_up(p) for p in lanes}
+        queued = QueuedMarks(lanes, idle, dict(clocks), self._tail)
+        self._tail = queued.done
+        return queued
+
+    async def send_queued(
+        self, queued: QueuedMarks, sent: Iterable[Awaitable[Any]], heartbeat: bool
+    ) -> None:
+        """Send ``queued`` once every mark queued before it has gone and the verdicts
+        ``sent`` (their delivery futures) are on the broker.
+
+        Two callers emit concurrently (agent ``detect`` after a batch, the timer after a
+        tick). A mark sent by one while the other still waited for its verdicts' offsets
+        claimed a clock past verdicts that were not on the broker yet, and the correlator
+        dead-lettered those "late by" 10-30 s on a backlog (a job's verdicts concluded at
+        5 s landed behind a mark of 16 s)."""
+        try:
+            if queued.after is not None:
+                await queued.after.wait()
+            for fut in sent:  # verdicts are on the broker before the watermark passes them
+                md = await fut
+                self.verdict_sent(md.partition, md.offset)
+            await self._send_lanes(queued, heartbeat)
+        finally:
+            queued.done.set()
+
+    async def send_all(
+        self, partitions: Iterable[int], clocks: Mapping[tuple[int, str], int], heartbeat: bool
+    ) -> None:
+        """:meth:`queue` and :meth:`send_queued` with no verdicts of its own."""
+        await self.send_queued(self.queue(partitions, clocks), (), heartbeat)
+
+    async def _send_lanes(self, queued: QueuedMarks, heartbeat: bool) -> None:
+        """Tell every correlator how far each job in each events partition of this worker
+        has been judged: the lanes whose clock or lag changed, a job's clock only to the
+        verdicts partition of the job. On ``heartbeat`` also a mark of each partition as
+        a whole (clock -1: it moves no clock, it says the partition is alive and whether
+        it has lag) and the :data:`REFRESH` least recently sent lanes again: a tick's
+        sends do not grow with the number of idle lanes (one per lane per tick was 20,000
+        marks a second at 20,000 jobs)."""
+        lanes, idle, clocks = queued.lanes, queued.idle, queued.clocks
         for p, jobs in sorted(lanes.items()):
             # the partition as a whole first: its lag holds every job of it (the
             # correlator reads it), so a lane whose clock stands still is not sent again

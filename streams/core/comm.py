@@ -31,23 +31,22 @@ in it (hang threshold 2.5 s).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
 
 from producers.events import Event, OpEvent, ProgressEvent
 from streams.core import checkpoint as ck
-from streams.core.columns import EventColumnsLike
+from streams.core.columns import EventColumnsLike, as_columns
 from streams.core.config import DetectConfig
+from streams.core.cut import Cut, Folded, Identities, cut_columns
 from streams.core.detector import (
     Batch,
     CommView,
     ConnArrays,
     Detector,
     Output,
-    ProgressConnArrays,
     Window,
 )
 from streams.core.findings import Census, Finding, Observation
@@ -56,11 +55,8 @@ from streams.core.registry import build_detectors, load_detector
 from streams.core.stats import NormalModel, NormalState, stable_id
 from streams.verdicts import Verdict
 
-__all__ = ["CommDetector", "Cut", "Folded", "Identities", "cut_columns", "identities",
-           "progress_conns"]  # fmt: skip
+__all__ = ["CommDetector"]
 
-Identities = Callable[[np.ndarray], tuple[list[str], list[int | None], list[str | None]] | None]
-"""Rows (by number) → their host, GPU and NIC (None when absent) as lists, or None."""
 
 _TICK_US = 500_000  # how often (event time) detectors' tick runs; hangs cost O(ranks)
 _SCHEMA = 2
@@ -148,62 +144,20 @@ class CommDetector:
         return self.view.now
 
     # ------------------------------------------------------------------ public API
-    def observe(self, events: Sequence[Event]) -> list[Verdict]:
-        """Take a batch of this communicator's events; returns verdicts concluded."""
-        if not events:
-            return []
-        v = self.view
-        e0 = events[0]
-        if not v.job:
-            v.job, v.comm_name = e0.job, e0.comm_name
-        n = max(e0.nranks, events[-1].nranks)
-        if n > v.ranks.n:
-            self._grow(n)
-        ops: list[OpEvent] = [e for e in events if e.__class__ is OpEvent]  # type: ignore[misc]
-        prog: list[ProgressEvent] = (
-            [e for e in events if e.__class__ is not OpEvent] if len(ops) < len(events) else []
-        )  # type: ignore[assignment]
-        # one list comprehension per field: the arrays below are all the per-event work
-        # (a comprehension is ~2x cheaper than np.fromiter over a generator)
-        ro = np.array([e.rank for e in ops], np.int64)
-        tso_l = [e.ts_us for e in ops]
-        rp = np.array([e.rank for e in prog], np.int64)
-        tsp_l = [e.ts_us for e in prog]
-        ts_max = max(max(tso_l) if ops else -1, max(tsp_l) if prog else -1)
-        out: list[Verdict] = []
-        if ts_max > v.now:
-            # a closed window's findings carry the clock at which its evidence was
-            # complete: the newest event before the one that closed it
-            out = self._verdicts(self._roll_window(ts_max))
-            v.now = ts_max
-        if v.first_us < 0:
-            v.first_us = v.now
-        self.n_events += len(events)
-        if v.p2p is None and ops:
-            v.p2p = ops[0].op in _P2P_OPS
-        if ops:
-            self.seq_hi = max(self.seq_hi, max(e.seq for e in ops))
-        if ops and prog:  # one identity pass for the whole batch
-            self._learn_identities(ops + prog, np.concatenate([ro, rp]))  # type: ignore[operator]
-        else:
-            self._learn_identities(ops or prog, ro if ops else rp)
-        batch = self._batch(ops, ro, tso_l, prog, rp)
-        for d in self.detectors:
-            d.learn(v, batch)
-        return out + self._verdicts(self._tick())
-
-    def observe_columns(self, cols: EventColumnsLike) -> list[Verdict]:
-        """:meth:`observe` of the same events given as columns (one communicator's rows
-        in arrival order, e.g. :class:`producers.columnar.EventColumns`): the same
-        verdicts and state, without an object per event. Objects are built only for the
-        rows a detector reads whole — ops that carry connections, progress events (read
-        only while an op is in flight) — and for ranks seen for the first time."""
+    def observe(self, batch: EventColumnsLike | Sequence[Event]) -> list[Verdict]:
+        """Take a batch of this communicator's events (rows in arrival order) as columns
+        (e.g. :class:`producers.columnar.EventColumns`; objects are turned into columns
+        at the edge, :func:`~streams.core.columns.as_columns`); returns verdicts
+        concluded. Objects are built only for the rows a detector reads whole — ops that
+        carry connections, progress events (read only while an op is in flight) — and
+        for ranks seen for the first time."""
+        cols = as_columns(batch)
         if cols.n == 0:
             return []
         return self.observe_cut(cut_columns(cols))
 
     def observe_cut(self, c: Cut) -> list[Verdict]:
-        """:meth:`observe_columns` of columns already cut into the arrays the core reads
+        """:meth:`observe` of columns already cut into the arrays the core reads
         (:func:`cut_columns`, or :func:`~streams.core.group.cut_many` for many
         communicators at once)."""
         out, batch = self.take_cut(c)
@@ -237,11 +191,11 @@ class CommDetector:
         if v.first_us < 0:
             v.first_us = v.now
         self.n_events += c.n
-        if v.p2p is None and len(c.ro):  # ops come first in ``ident``: one object
-            v.p2p = c.ident[0].op in _P2P_OPS  # type: ignore[union-attr]
+        if v.p2p is None and len(c.ro):  # the first op says whether it is a pipeline pair
+            v.p2p = c.head_op in _P2P_OPS  # read from the columns, no row as an object
         if c.distinct:
             self.seq_hi = max(self.seq_hi, c.distinct[-1])
-        self._learn_identities(c.ident, c.ident_rank, c.ident_cols, stamp=False)
+        self._learn_identities(c.ident, c.ident_rank, c.ident_cols)
         return out
 
     def fold_cut(self, c: Cut, tables: bool = True) -> Batch:
@@ -337,12 +291,10 @@ class CommDetector:
             d.grow(n)
 
     def _learn_identities(
-        self, events: Sequence[Event], r: np.ndarray, cols: Identities | None = None,
-        stamp: bool = True,
-    ) -> None:  # fmt: skip
+        self, events: Sequence[Event], r: np.ndarray, cols: Identities | None = None
+    ) -> None:
         """Ranks first seen in ``events`` (ranks ``r``) learn who they are; ``cols``:
-        the same rows' identities as columns, when offered (no event objects);
-        ``stamp``: and their last receipt is now (else the caller does it)."""
+        the same rows' identities as columns, when offered (no event objects)."""
         top = int(r.max())
         t = self.view.ranks
         if top >= t.n:
@@ -358,32 +310,6 @@ class CommDetector:
                     e = events[i]
                     t.learn_identity(e.rank, e.host, e.gpu, e.nic)
             self._all_known = bool(unknown.size) and bool((t.host_idx >= 0).all())
-        if stamp:
-            t.last_recv[r] = self.view.now
-
-    def _batch(
-        self,
-        ops: list[OpEvent],
-        ro: np.ndarray,
-        tso_l: list[int],
-        prog: list[ProgressEvent],
-        rp: np.ndarray,
-    ) -> Batch:
-        """Fold the batch into the shared view; the arrays every detector reads."""
-        empty = np.empty(0, np.int64)
-        s = x = ts = st = cp = infl = empty
-        distinct: list[int] = []
-        if ops:
-            s_list = [e.seq for e in ops]
-            s = np.array(s_list, np.int64)
-            x = np.array([e.exec_us for e in ops], np.float64)
-            ts = np.array(tso_l, np.int64)
-            distinct = sorted(set(s_list))
-        if prog:
-            st = np.array([e.started for e in prog], np.int64)
-            cp = np.array([e.completed for e in prog], np.int64)
-            infl = np.array([e.inflight_us or 0.0 for e in prog], np.float64)
-        return self._fold(ops, ro, s, x, ts, distinct, prog, rp, st, cp, infl)
 
     def _fold(
         self,
@@ -403,8 +329,8 @@ class CommDetector:
         folded: Folded | None = None,
         tables: bool = True,
     ) -> Batch:
-        """:meth:`_batch` from arrays (op fields in arrival order, ``distinct`` seqs
-        ascending; ``infl`` 0 where absent), shared by the object and the column path.
+        """Fold the batch into the shared view; the arrays every detector reads (op fields
+        in arrival order, ``distinct`` seqs ascending; ``infl`` 0 where absent).
         ``first``: the op fields come sorted by (rank, seq) already, and this marks
         each rank's first op (the grouped path sorts all communicators at once);
         ``folded``: the periods and each rank's last op computed with them; ``tables``
@@ -565,113 +491,3 @@ class CommDetector:
             peer_host=peer,
             benign=benign,
         )
-
-
-@dataclass(slots=True)
-class Cut:
-    """One communicator's batch as the arrays the core reads (see :func:`cut_columns`)."""
-
-    n: int
-    job: str
-    comm_name: str | None
-    top: int
-    """Ranks the batch says the communicator has (first and last row's ``nranks``)."""
-    ts_max: int
-    ident: Sequence[Event]
-    """Ops, then progress events, in arrival order (read only for ranks first seen)."""
-    ident_rank: np.ndarray
-    op_objs: Sequence[OpEvent]
-    """The ops that carry connections (objects only if a detector reads them)."""
-    ro: np.ndarray
-    seq: np.ndarray
-    exec_us: np.ndarray
-    ts: np.ndarray
-    """Op fields: in arrival order, or sorted by (rank, seq) when ``first`` is set."""
-    distinct: list[int]
-    prog: Sequence[ProgressEvent]
-    rp: np.ndarray
-    started: np.ndarray
-    completed: np.ndarray
-    inflight_us: np.ndarray
-    conns: ConnArrays | None
-    first: np.ndarray | None = None
-    prog_conns: ProgressConnArrays | None = None
-    folded: Folded | None = None
-    ident_cols: Identities | None = None
-    """The identities of ``ident``'s rows read from the columns (see :func:`identities`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Folded:
-    """What the fold of a batch's ops into the rank table computes, done for many
-    communicators at once (:mod:`streams.core.group`): the periods to learn (in the
-    fold's order, as float) and each rank's last op of the batch."""
-
-    periods: np.ndarray
-    last_rank: np.ndarray
-    last_ts: np.ndarray
-    last_seq: np.ndarray
-
-
-def cut_columns(cols: EventColumnsLike) -> Cut:
-    """One communicator's columns (``n`` > 0) cut for :meth:`CommDetector.observe_cut`."""
-    n = cols.n
-    nr = cols.int("nranks")
-    is_op = cols.is_op
-    op_rows = np.flatnonzero(is_op)
-    pr_rows = np.flatnonzero(~is_op) if op_rows.size < n else op_rows[:0]
-    rank = cols.int("rank")
-    ts_all = cols.int("ts_us")
-    order = np.concatenate([op_rows, pr_rows])  # observe()'s order: ops, then progress
-    s = cols.int("seq")[op_rows]
-    counts = cols.conn_counts()[op_rows]
-    started, completed = cols.int("started")[pr_rows], cols.int("completed")[pr_rows]
-    return Cut(
-        n=n, job=cols.job, comm_name=cols.comm_name, top=max(int(nr[0]), int(nr[-1])),
-        ts_max=int(ts_all.max()), ident=cols.rows(order), ident_rank=rank[order],
-        op_objs=cols.rows(op_rows[counts > 0]), ro=rank[op_rows], seq=s,
-        exec_us=cols.float("exec_us")[op_rows], ts=ts_all[op_rows],
-        distinct=np.unique(s).tolist(), prog=cols.rows(pr_rows), rp=rank[pr_rows],
-        started=started, completed=completed, inflight_us=cols.float("inflight_us")[pr_rows],
-        conns=conn_arrays(cols, op_rows, counts, rank, s),
-        prog_conns=progress_conns(cols, pr_rows, started > completed),
-        ident_cols=identities(cols, order),
-    )  # fmt: skip
-
-
-def conn_arrays(
-    cols: EventColumnsLike, op_rows: np.ndarray, counts: np.ndarray, rank: np.ndarray,
-    s: np.ndarray,
-) -> ConnArrays | None:  # fmt: skip
-    """The connections of the ops ``op_rows`` (``counts`` each; ``s`` their seqs)."""
-    has = counts > 0
-    with_conns = op_rows[has]
-    if not with_conns.size:
-        return None
-    k = counts[has]
-    peer, send, nbytes, time_us = cols.conn_arrays(with_conns)
-    return ConnArrays(np.repeat(rank[with_conns], k), np.repeat(s[has], k), peer, send,
-                      nbytes, time_us)  # fmt: skip
-
-
-def identities(cols: EventColumnsLike, order: np.ndarray) -> Identities | None:
-    """Who sent rows ``order[i]`` of ``cols``, for rows ``i`` (a rank first seen), when
-    the columns offer it (an optional ``identities(idx)`` method: host, GPU, NIC lists)
-    — then no event object is built to learn a new rank's identity."""
-    get = getattr(cols, "identities", None)
-    if get is None:
-        return None
-    return lambda i: get(order[i])
-
-
-def progress_conns(
-    cols: EventColumnsLike, pr_rows: np.ndarray, busy: np.ndarray
-) -> ProgressConnArrays | None:
-    """The connections of the progress rows, when the columns offer them as integer
-    arrays (an optional ``progress_conns(idx)`` method) and a row has an op in flight
-    (``busy``: only then are they read); None: the hang detector reads objects, if any."""
-    get = getattr(cols, "progress_conns", None)
-    if get is None or not busy.any():
-        return None
-    got = get(pr_rows)
-    return None if got is None else ProgressConnArrays(*got)

@@ -47,20 +47,19 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Collection, Mapping
 
 import msgspec
 
-from streams.commands import Action, IsolationCommand
+from streams.commands import IsolationCommand
 from streams.core import checkpoint as ck
 from streams.core.config import PolicyConfig
-from streams.core.family import Families, FamiliesState
+from streams.core.correlate_state import SCHEMA, load, state_of, states_of
+from streams.core.episode import MAX_ENTRIES, Entry, Episode
+from streams.core.family import Families
 from streams.core.findings import (
     Cells,
     Census,
-    CommHangEvidence,
-    Evidence,
     HangEvidence,
     PairWait,
     Silent,
@@ -71,14 +70,22 @@ from streams.core.findings import (
     evidence_of,
     observation_of,
 )
+from streams.core.rails import (
+    HANGS,
+    enough_evidence,
+    job_wide_rail,
+    rail_action,
+    settle_time_us,
+    whole_nic,
+)
+from streams.core.reasons import command_evidence, reason_text
 from streams.core.stats import slow_score, stable_id
 from streams.verdicts import Verdict
 
 __all__ = ["HostCorrelator", "LateEvidence"]
 
-_HANGS = ("noncomm_hang", "comm_hang")
 _WAIT_MEMORY_US = 15_000_000  # a "waiting" note clears a GPU for this long
-_MAX_ENTRIES = 256
+
 _Wait = tuple[int, int, float, tuple[tuple[str, int], ...] | None, bool, int]
 
 
@@ -105,24 +112,6 @@ class LateEvidence(ValueError):
         )
 
 
-@dataclass(slots=True)
-class _Entry:
-    ts: int
-    comm: str
-    window: int
-    score: float
-    comp: tuple
-    intra: bool
-    ev: Evidence
-
-
-@dataclass(slots=True)
-class _Episode:
-    first_window: int
-    entries: deque = field(default_factory=lambda: deque(maxlen=_MAX_ENTRIES))
-    decided: str = ""
-
-
 class HostCorrelator:
     """Joins verdicts across communicators and windows per host; applies the PolicyConfig
     safety rails; emits commands."""
@@ -137,7 +126,7 @@ class HostCorrelator:
             )
         self.clock: dict[str, int] = {}
         """Event time per job: newest verdict ``ts_us`` or advance() for that job."""
-        self.episodes: dict[tuple[str, str, str], _Episode] = {}
+        self.episodes: dict[tuple[str, str, str], Episode] = {}
         self.waiting: dict[tuple[str, str, int, str], dict[str, _Wait]] = {}
         """(job, host, gpu, fault) -> {comm: (first ts, last ts, extra ms, whom it waited
         for, the communicator as a whole slow)}: where a GPU was seen waiting (held up
@@ -234,13 +223,13 @@ class HostCorrelator:
         key = (v.job, v.host, v.fault)
         ep = self.episodes.get(key)
         if ep is None:
-            ep = self.episodes[key] = _Episode(first_window=v.window_start_us)
+            ep = self.episodes[key] = Episode(first_window=v.window_start_us)
         comp = (v.gpu, v.nic, v.peer_host)
         ev = evidence_of(v.fault, v.evidence)
         intra = ev.comm_hosts == 1
         if v.fault in ("slow_nic", "slow_link"):
             self.slow_comms[(v.job, v.comm)] = v.ts_us
-        ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, ev))
+        ep.entries.append(Entry(v.ts_us, v.comm, v.window_start_us, v.score, comp, intra, ev))
         if isinstance(ev, StragglerEvidence) and ev.position >= 0:
             self._note_role(v.job, v.host, v.ts_us, ev)
         cmd = self._decide(key, ep)
@@ -253,31 +242,39 @@ class HostCorrelator:
         ``job`` None moves every known job: only right when all share one clock (one job
         per stream, or tests); the pipeline and the worker pass the job."""
         jobs = list(self.clock) if job is None else [job]
-        for j in jobs:
-            if now_us > self.clock.get(j, -1):
-                self.clock[j] = now_us
-        self._prune(set(jobs))
+        return self.advance_jobs(dict.fromkeys(jobs, now_us))
+
+    def advance_jobs(self, clocks: Mapping[str, int]) -> list[IsolationCommand]:
+        """:meth:`advance` of several jobs at once, each to its own clock, in one pass
+        over the state: the worker's correlator moves every job it holds at each batch,
+        and a pass per job made that quadratic in the jobs (100k GPUs: hundreds)."""
+        for j, t in clocks.items():
+            if t > self.clock.get(j, -1):
+                self.clock[j] = t
+        jobs = set(clocks)
+        self._prune(jobs)
         out = []
         for key, ep in list(self.episodes.items()):
-            if not ep.decided and key[2] in _HANGS and key[0] in jobs:
+            if not ep.decided and key[2] in HANGS and key[0] in jobs:
                 cmd = self._decide(key, ep)
                 if cmd:
                     out.append(cmd)
         return out
 
-    def to_bytes(self) -> bytes:
-        """A checkpoint: versioned msgpack (:mod:`streams.core.checkpoint`), no pickle."""
-        return ck.encode("correlator", _SCHEMA, _state_of(self))
+    def to_bytes(self, job: str | None = None) -> bytes:
+        """A checkpoint (``job``'s part alone when given): versioned msgpack, no pickle."""
+        return ck.encode("correlator", SCHEMA, state_of(self, job))
+
+    def parts_to_bytes(self, jobs: Collection[str]) -> dict[str, bytes]:
+        """:meth:`to_bytes` of each of ``jobs``, in one pass over the state."""
+        return {j: ck.encode("correlator", SCHEMA, st) for j, st in states_of(self, jobs).items()}  # type: ignore[misc]
 
     @classmethod
-    def from_bytes(cls, data: bytes, config: PolicyConfig) -> HostCorrelator:
-        """The correlator back from :meth:`to_bytes`; raises
-        :class:`~streams.core.checkpoint.CheckpointError` for anything else."""
-        st = ck.decode(data, "correlator", {_SCHEMA: _CorrelatorState}, {1: _migrate_1})
-        try:
-            return _from_state(st, cls(config))
-        except ValueError as err:  # evidence of a wrong type inside the checkpoint
-            raise ck.CheckpointError(f"correlator checkpoint: {err}") from None
+    def from_bytes(cls, data: bytes, config: PolicyConfig, into: HostCorrelator | None = None,
+                   job: str | None = None) -> HostCorrelator:  # fmt: skip
+        """The correlator back from :meth:`to_bytes` (``job``: that job's checkpoint,
+        replacing its part of ``into``); else :class:`~streams.core.checkpoint.CheckpointError`."""
+        return load(data, lambda: cls(config), into, job)
 
     # ------------------------------------------------------------------ internals
     def _prune(self, jobs: set[str]) -> None:
@@ -294,7 +291,9 @@ class HostCorrelator:
         for k in [
             k
             for k, t in self._waiting_last.items()
-            if k[0] in jobs and t < clock[k[0]] - _WAIT_MEMORY_US
+            # kept as long as the evidence they may clear (a hang decided late, after
+            # its communicators' long threshold, is still judged with them)
+            if k[0] in jobs and t < clock[k[0]] - max(_WAIT_MEMORY_US, h)
         ]:
             del self.waiting[k], self._waiting_last[k]
         for k in [
@@ -321,10 +320,10 @@ class HostCorrelator:
     def _note_role(self, job: str, host: str, ts: int, ev: StragglerEvidence) -> None:
         seen = self.roles.setdefault((job, ev.comm_hosts, ev.nranks, ev.position), {})
         seen[host] = ts
-        if len(seen) > _MAX_ENTRIES:  # bounded: forget the oldest
+        if len(seen) > MAX_ENTRIES:  # bounded: forget the oldest
             del seen[min(seen, key=lambda h: (seen[h], h))]
 
-    def _role(self, job: str, e: _Entry) -> bool:
+    def _role(self, job: str, e: Entry) -> bool:
         """The entry's rank position is late on ``role_replicas`` or more hosts in
         communicators of its shape within the horizon: a role, not this GPU's fault."""
         ev = e.ev
@@ -334,12 +333,12 @@ class HostCorrelator:
         cut = self.clock.get(job, -1) - self.config.horizon_us
         return sum(1 for ts in seen.values() if ts >= cut) >= self.config.role_replicas
 
-    def _alive(self, e: _Entry, now: int) -> bool:
+    def _alive(self, e: Entry, now: int) -> bool:
         """Evidence is kept for the horizon, or three of its windows when they are
         longer (a communicator with long steps has long windows)."""
         return e.ts >= now - max(self.config.horizon_us, 3 * _span(e.ts, e.window))
 
-    def _live(self, key: tuple[str, str, str], ep: _Episode) -> list[_Entry]:
+    def _live(self, key: tuple[str, str, str], ep: Episode) -> list[Entry]:
         now = self.clock[key[0]]
         job, host, fault = key
         out = [e for e in ep.entries if self._alive(e, now)]
@@ -368,14 +367,15 @@ class HostCorrelator:
                 throughput_ratio=round(sc.ratio, 3), cells=sc.cells,
                 median_gbs=round(sc.median_gbs, 3),
                 family="pipeline pairs" if note.p2p else "communicators of its shape",
+                whole_nic=sc.whole,
             )  # fmt: skip
             score = slow_score(sc.ratio, self.families.slow_ratio)
             key = (v.job, sc.host, fault)
             ep = self.episodes.get(key)
             if ep is None:
-                ep = self.episodes[key] = _Episode(first_window=v.window_start_us)
+                ep = self.episodes[key] = Episode(first_window=v.window_start_us)
             comp = (None, sc.nic, sc.peer_host)
-            ep.entries.append(_Entry(v.ts_us, v.comm, v.window_start_us, score, comp, False, ev))
+            ep.entries.append(Entry(v.ts_us, v.comm, v.window_start_us, score, comp, False, ev))
             self.slow_comms[(v.job, v.comm)] = v.ts_us
             cmd = self._decide(key, ep)
             if cmd:
@@ -395,7 +395,7 @@ class HostCorrelator:
             "pipeline replicas."
         )
 
-    def _victim(self, job: str, host: str, fault: str, e: _Entry) -> bool:
+    def _victim(self, job: str, host: str, fault: str, e: Entry) -> bool:
         """A GPU is cleared of blame only by evidence that it waited for someone else
         who is itself late: a hang holds its peers inside collectives; a straggler's
         delay shows as extra kernel time in the communicator where the GPU waited for
@@ -409,6 +409,11 @@ class HostCorrelator:
         gpu = e.comp[0]
         if fault == "straggler" and self.families.waited(job, host, gpu, e.ts):
             return True
+        if fault == "straggler":  # its pipeline link runs through a NIC/link found slow
+            for comm in self.families.member.get((job, host, gpu), {}):
+                at = self.slow_comms.get((job, comm), -1)
+                if at >= 0 and abs(at - e.ts) <= _WAIT_MEMORY_US + _span(e.ts, e.window):
+                    return True
         notes = self.waiting.get((job, host, gpu, fault), {})
         for comm, (first, last, extra_ms, culprits, comm_slow, span) in notes.items():
             mem = _WAIT_MEMORY_US + span
@@ -426,7 +431,7 @@ class HostCorrelator:
                 return True
         return False
 
-    def _decide(self, key: tuple[str, str, str], ep: _Episode) -> IsolationCommand | None:
+    def _decide(self, key: tuple[str, str, str], ep: Episode) -> IsolationCommand | None:
         job, host, fault = key
         cfg = self.config
         now = self.clock[job]
@@ -436,7 +441,7 @@ class HostCorrelator:
         if not live:
             return None
         # one vote per (communicator, window): repeated reports of one window add nothing
-        best: dict[tuple[str, int], _Entry] = {}
+        best: dict[tuple[str, int], Entry] = {}
         for e in live:
             k = (e.comm, e.window)
             if k not in best or e.score > best[k].score:
@@ -444,9 +449,9 @@ class HostCorrelator:
         total = sum(e.score for e in best.values())
         windows = {e.window for e in best.values()}
         comms = {e.comm for e in best.values()}
-        if fault in _HANGS:
+        if fault in HANGS:
             first = min(e.ts for e in live)
-            if total < cfg.hang_min_score or now - first < _settle(cfg, live):
+            if total < cfg.hang_min_score or now - first < settle_time_us(cfg, live):
                 return None
             # one GPU so far: wait a little for the host's other communicators, which
             # tell a dead host (every GPU stops) from one hung process
@@ -454,11 +459,11 @@ class HostCorrelator:
             gpus |= self._silent_gpus(job, host, first)
             if fault == "noncomm_hang" and len(gpus) < 2 and now - first < cfg.host_wait_us:
                 return None
-        elif len(windows) < cfg.slow_min_windows or total < cfg.slow_min_score:
+        elif not enough_evidence(cfg, fault, list(best.values()), total):
             return None
         comp, chosen = self._component(fault, list(best.values()))
-        if fault in ("slow_nic", "slow_link") and (
-            len({e.window for e in chosen}) < cfg.slow_min_windows
+        if fault in ("slow_nic", "slow_link") and not (
+            len({e.window for e in chosen}) >= cfg.slow_min_windows or whole_nic(fault, chosen)
         ):  # the windows must be the chosen component's own, not other links' of the host
             return None
         if fault == "straggler" and _gpu_unclear(comp, list(best.values())):
@@ -472,7 +477,7 @@ class HostCorrelator:
             first = min(e.ts for e in live)
             if self._silent_gpus(job, host, first) - {comp[0]}:  # its other GPUs went quiet
                 comp = (None, None, None)
-        rail = self._job_wide_rail(job, min(e.ts for e in live)) if fault in _HANGS else ""
+        rail = job_wide_rail(self, job, min(e.ts for e in live)) if fault in HANGS else ""
         at = min(now, self._enough_at(job, host, fault, live))
         cmd = self._command(key, ep, comp, chosen, total, windows, comms, at, rail)
         hold = next((e.ev.hold for e in chosen if e.ev.hold), "")
@@ -481,7 +486,7 @@ class HostCorrelator:
             cmd = msgspec.structs.replace(cmd, action="alert_only", reason=hold)
         return cmd
 
-    def _enough_at(self, job: str, host: str, fault: str, live: list[_Entry]) -> int:
+    def _enough_at(self, job: str, host: str, fault: str, live: list[Entry]) -> int:
         """The earliest event time at which ``live`` (evidence found enough) was enough,
         by the rules of :meth:`_decide` applied to its prefixes in ``ts`` order.
 
@@ -491,7 +496,7 @@ class HostCorrelator:
         first = min(e.ts for e in live)
         notes = self.silent.get((job, host), {})
         silent = sorted(t for t in notes.values() if t >= first - _WAIT_MEMORY_US)
-        best: dict[tuple[str, int], _Entry] = {}
+        best: dict[tuple[str, int], Entry] = {}
         total = 0.0
         found: list[int] = []
         for e in sorted(live, key=lambda x: x.ts):
@@ -500,14 +505,13 @@ class HostCorrelator:
             if old is None or e.score > old.score:
                 total += e.score - (old.score if old is not None else 0.0)
                 best[k] = e
-            if fault not in _HANGS:
-                windows = len({b.window for b in best.values()})
-                if windows >= cfg.slow_min_windows and total >= cfg.slow_min_score:
+            if fault not in HANGS:
+                if enough_evidence(cfg, fault, list(best.values()), total):
                     return e.ts  # decided on arrival: the first prefix that is enough
                 continue
             if total < cfg.hang_min_score:
                 continue
-            at = max(e.ts, first + _settle(cfg, live))
+            at = max(e.ts, first + settle_time_us(cfg, live))
             if fault == "noncomm_hang":
                 n = len({b.comp[0] for b in best.values() if b.comp[0] is not None})
                 if n < 2 and n + len(silent) >= 2:  # silence notes make it two GPUs
@@ -517,45 +521,13 @@ class HostCorrelator:
             found.append(at)
         return min(found) if found else max(e.ts for e in live)
 
-    def _job_wide_rail(self, job: str, first_ts: int) -> str:
-        """Why not to isolate, when hangs started on many of the job's hosts at once.
-
-        One faulty component stops one host's GPUs (its peers wait: victims, filtered
-        out by ``_live``); a checkpoint or a storage stall stops everybody, and then hang
-        evidence that is not explained by waiting shows up on many hosts together.
-        """
-        cfg = self.config
-        # within the window, or the hang threshold of the communicators when longer:
-        # with long steps each communicator calls its hang later, seconds apart
-        thr = max((e.ev.threshold_s for (j, _, f), ep in self.episodes.items() if j == job
-                   and f in _HANGS for e in ep.entries
-                   if isinstance(e.ev, (HangEvidence, CommHangEvidence))), default=0.0)  # fmt: skip
-        span = max(cfg.job_wide_window_us, int(thr * 1e6))
-        lo, hi = first_ts - span, first_ts + span
-        hosts = set()
-        for (j, h, f), ep in self.episodes.items():
-            if j != job or f not in _HANGS:
-                continue
-            live = self._live((j, h, f), ep)
-            if live and lo <= min(e.ts for e in live) <= hi:
-                hosts.add(h)
-        n_hosts = cfg.job_hosts or self.job_hosts.get(job, 1)
-        limit = max(cfg.job_wide_min_hosts, math.ceil(cfg.job_wide_frac * n_hosts))
-        if len(hosts) <= limit:
-            return ""
-        return (
-            f" Not isolated: {len(hosts)} of {n_hosts} hosts of the job stopped within "
-            f"{span / 1e6:.0f} s of each other, a job-wide stop "
-            "(checkpoint, storage, planned stop) rather than one faulty component."
-        )
-
     def _silent_gpus(self, job: str, host: str, since: int) -> set[int]:
         """GPUs of ``host`` noted silent (alert-only notes) around a hang from ``since``."""
         notes = self.silent.get((job, host), {})
         return {g for g, ts in notes.items() if ts >= since - _WAIT_MEMORY_US}
 
     @staticmethod
-    def _component(fault: str, entries: list[_Entry]) -> tuple[tuple, list[_Entry]]:
+    def _component(fault: str, entries: list[Entry]) -> tuple[tuple, list[Entry]]:
         votes: dict[tuple, float] = {}
         for e in entries:
             votes[e.comp] = votes.get(e.comp, 0.0) + e.score * (2.0 if e.intra else 1.0)
@@ -571,9 +543,9 @@ class HostCorrelator:
     def _command(
         self,
         key: tuple[str, str, str],
-        ep: _Episode,
+        ep: Episode,
         comp: tuple,
-        chosen: list[_Entry],
+        chosen: list[Entry],
         total: float,
         windows: set[int],
         comms: set[str],
@@ -586,43 +558,15 @@ class HostCorrelator:
         now = self.clock[job]
         gpu, nic, peer = comp
         cid = "c4-" + stable_id(job, host, fault, gpu, nic, peer, ep.first_window)
-        action: Action = cfg.actions.get(fault, "alert_only")  # type: ignore[arg-type]
-        if rail:
-            action = "alert_only"
-        elif host in cfg.deny_hosts:
-            action, rail = "alert_only", " Not isolated: the host is on the deny list."
-        elif action != "alert_only":
-            log = self.isolated.setdefault(job, deque())
-            while log and log[0] < now - cfg.cap_period_us:
-                log.popleft()
-            n_hosts = cfg.job_hosts or self.job_hosts.get(job, 1)
-            cap = max(1, math.floor(cfg.max_isolated_frac * n_hosts))
-            if len(log) >= cap:
-                action = "alert_only"
-                rail = (
-                    f" Not isolated: {len(log)} of {n_hosts} hosts of the job were "
-                    f"isolated in the last hour (cap {cap})."
-                )
-            else:
-                log.append(at)
+        n_hosts = cfg.job_hosts or self.job_hosts.get(job, 1)
+        action, rail = rail_action(cfg, self.isolated, job, n_hosts, host, fault, at, now, rail)
         ep.decided = cid
         self.cooldown[(job, host)] = at + cfg.cooldown_us
-        used = {e.comm for e in chosen}
         w0 = min(e.window for e in chosen)
         w1 = max(e.ts for e in chosen)
-        evidence: dict[str, Any] = {
-            "communicators": sorted({e.ev.comm_name or e.comm for e in chosen}),
-            "comm_ids": sorted(used),
-            "windows": len({e.window for e in chosen}),
-            "verdicts": len(chosen),
-            "score": round(total, 3),
-            "first_window_us": w0,
-            "decided_after_s": round((at - w0) / 1e6, 1),
-            "all_communicators": len(comms),
-            "all_windows": len(windows),
-        }
+        evidence = command_evidence(chosen, total, at, windows, comms)
         silent = self._silent_gpus(job, host, w0) if fault == "noncomm_hang" else set()
-        reason = _reason(fault, host, comp, chosen, w0, w1, silent)
+        reason = reason_text(fault, host, comp, chosen, w0, w1, silent)
         if fault == "straggler" and comp[0] is not None:
             reason += self._stage_text(job, host, comp[0], at)
         reason += rail
@@ -643,17 +587,7 @@ class HostCorrelator:
         )
 
 
-def _settle(cfg: PolicyConfig, live: list[_Entry]) -> int:
-    """How long a hang waits after its first verdict to hear every communicator: the
-    policy's settle time, or the hang threshold of its communicators when longer (with
-    long steps each communicator calls its hang later, seconds apart, and a job-wide
-    stop shows on many hosts only after that)."""
-    thr = max((e.ev.threshold_s for e in live if not e.ev.snapshot  # one moment, all heard
-               and isinstance(e.ev, (HangEvidence, CommHangEvidence))), default=0.0)  # fmt: skip
-    return max(cfg.hang_settle_us, int(thr * 1e6))
-
-
-def _gpu_unclear(comp: tuple, entries: list[_Entry]) -> bool:
+def _gpu_unclear(comp: tuple, entries: list[Entry]) -> bool:
     """The chosen GPU is not told apart: other GPUs of the host are late too, and no
     communicator inside the host (which would name the one holding them up) voted
     for it. (Votes cannot decide: the communicators' windows arrive one by one.)"""
@@ -664,249 +598,3 @@ def _gpu_unclear(comp: tuple, entries: list[_Entry]) -> bool:
 
 def ep_in_cooldown(c: HostCorrelator, key: tuple[str, str, str]) -> bool:
     return c.episodes[key].decided != "" and (key[0], key[1]) in c.cooldown
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else float("nan")
-
-
-def _reason(
-    fault: str,
-    host: str,
-    comp: tuple,
-    es: list[_Entry],
-    w0: int,
-    w1: int,
-    silent_gpus: set[int] | None = None,
-) -> str:
-    """One sentence a person on call can act on."""
-    gpu, nic, peer = comp
-    n_comms = len({e.comm for e in es})
-    on = _plural(n_comms, "communicator")
-    span = f"{max(1.0, (w1 - w0) / 1e6):.0f} s"
-    if fault == "straggler":
-        st = [e.ev for e in es if isinstance(e.ev, StragglerEvidence)]
-        n = sum(x.collectives for x in st)
-        last = sum(x.last_frac * x.collectives for x in st) / max(n, 1)
-        vs = [x.peer_time_vs_normal for x in st if x.peer_time_vs_normal]
-        px = _median([x.peer_time_x for x in st])
-        wait = (
-            f"its peers waited {_median(vs):.1f}x their normal time"
-            if vs
-            else f"its peers spent {px:.1f}x its kernel time"
-        )
-        if st and all(x.arrival == "enqueue_time" for x in st):  # snapshots without timing
-            late = _median([x.late_ms for x in st])
-            wait = f"its peers waited {late:.1f} ms for it per collective (by enqueue times)"
-        if gpu is None:  # several GPUs alike: the host
-            gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None})
-            if gpus:
-                return (
-                    f"{host} is a straggler: its GPUs {', '.join(map(str, gpus))} arrived "
-                    f"last in {last:.0%} of {n} collectives on {on} over {span}, {wait}; no "
-                    "communicator inside the host names one GPU."
-                )
-        who = f"{host} GPU {gpu}" if gpu is not None else host
-        if st and all(x.intermittent for x in st):
-            late = _median([x.late_ms for x in st])
-            share = _median([x.step_share or 0.0 for x in st])
-            return (
-                f"{who} is intermittently late: it arrived last in {last:.0%} of {n} "
-                f"collectives on {on} over {span} (on a minority of steps), its peers then "
-                f"waiting {late:.1f} ms for it, {share:.0%} of the step or more overall; a "
-                "GPU that slows down now and then (check its clocks, temperature and power)."
-            )
-        return (
-            f"{who} is a straggler: it arrived last in {last:.0%} of {n} "
-            f"collectives on {on} over {span}, {wait}."
-        )
-    if fault == "noncomm_hang":
-        hs = [e.ev for e in es if isinstance(e.ev, HangEvidence)]
-        tgt = sorted({x.target_collective for x in hs if x.target_collective >= 0})
-        wait = max((x.wait_s for x in hs), default=0.0)
-        coll = f"collective {tgt[0]}" if len(tgt) == 1 else "the current collective"
-        gpus = sorted({e.comp[0] for e in es if e.comp[0] is not None} | (silent_gpus or set()))
-        absent = next((x.absent for x in hs if x.absent), "")
-        if absent:  # a snapshot member with nothing to say while its peers wait for it
-            what = ("left no dump: its process died or never reached the dump"
-                    if absent == "no dump" else "wrote an empty dump: it is wedged")  # fmt: skip
-            return (
-                f"{host} {what}; {max(x.peers_waiting for x in hs)} ranks waited "
-                f"{wait:.1f} s for it on {on}."
-            )
-        if gpu is None and len(gpus) >= 2:  # the host as a whole
-            silent = all(x.silent for x in hs) or bool(silent_gpus)
-            gone = "went silent" if silent else "stopped as a whole"
-            return (
-                f"{host} {gone}: {_plural(len(gpus), 'GPU')} "
-                f"({', '.join(map(str, gpus))}) stopped while their peers waited {wait:.1f} s "
-                f"in {coll} on {on}; the host, not one GPU, is at fault."
-            )
-        if gpu is None and any(x.silent for x in hs):
-            return (
-                f"{host} went silent: {_plural(len(gpus), 'GPU')} stopped reporting on "
-                f"{on} while their peers waited {wait:.1f} s in {coll}."
-            )
-        who = f"{host} GPU {gpu}" if gpu is not None else host
-        if all(x.silent for x in hs):
-            return f"{who} went silent on {on} while its peers waited {wait:.1f} s in {coll}."
-        return (
-            f"{who} hangs: it has not started {coll} on {on} while its peers waited {wait:.1f} s."
-        )
-    if fault == "comm_hang":
-        cs = [e.ev for e in es if isinstance(e.ev, CommHangEvidence)]
-        wait = max((x.wait_s for x in cs), default=0.0)
-        why = cs[-1].why if cs else "no progress"
-        what = f"link {host} {nic} -> {peer}" if peer else f"{host} {nic}"
-        return (
-            f"{what} is dead: a collective on {on} hung for {wait:.1f} s on all ranks "
-            f"({why} on the connections it carries)."
-        )
-    ratio = _median([e.ev.throughput_ratio for e in es if isinstance(e.ev, SlowEvidence)])
-    windows = len({e.window for e in es})
-    fams = sorted({e.ev.family for e in es if isinstance(e.ev, SlowEvidence) and e.ev.family})
-    against = f" (against the same connection of the other {' and '.join(fams)})" if fams else ""
-    if fault == "slow_nic":
-        return (
-            f"{host} {nic} is slow: its connections moved {ratio:.0%} of their peers' "
-            f"median throughput in {_plural(windows, 'window')} over {span} on {on}{against}."
-        )
-    return (
-        f"link {host} {nic} -> {peer} is slow: it moved {ratio:.0%} of the median "
-        f"throughput in {_plural(windows, 'window')} over {span} on {on}{against}."
-    )
-
-
-# ---------------------------------------------------------------------- checkpoints
-_SCHEMA = 2
-
-
-def _migrate_1(body: list) -> list:
-    """Correlator checkpoint schema 1 -> 2: waiting notes of schema 1 did not say whom
-    they waited for (read as older workers' notes); no pipeline or cell families yet
-    (learned again from the next windows' notes)."""
-    body = list(body)
-    body[2] = [[*w, None, False, 0] for w in body[2]]  # waiting
-    clock = body[10] if len(body) > 10 else {}
-    return [*body[:10], clock, [[], []], []]
-
-
-class _EntryState(msgspec.Struct, array_like=True):
-    ts: int
-    comm: str
-    window: int
-    score: float
-    gpu: int | None
-    nic: str | None
-    peer: str | None
-    intra: bool
-    ev: dict[str, Any]
-
-
-class _EpisodeState(msgspec.Struct, array_like=True):
-    job: str
-    host: str
-    fault: str
-    first_window: int
-    decided: str
-    entries: list[_EntryState]
-
-
-class _CorrelatorState(msgspec.Struct, array_like=True):
-    now: int
-    episodes: list[_EpisodeState]
-    waiting: list[
-        tuple[str, str, int, str, str, int, int, float, list[tuple[str, int]] | None, bool, int]
-    ]
-    """(job, host, gpu, fault, comm, first ts, last ts, extra ms, whom it waited for,
-    communicator slow, its window's span)"""
-    silent: list[tuple[str, str, int, int]]
-    cooldown: list[tuple[str, str, int]]
-    isolated: dict[str, list[int]]
-    job_hosts: dict[str, int]
-    job_host_names: dict[str, list[str]]
-    suppressed: int
-    roles: list[tuple[str, int, int, int, str, int]]
-    """(job, comm hosts, ranks, position, suspect host, last ts)"""
-    clock: dict[str, int] = {}
-    """Event time per job (``now`` is their newest; a checkpoint without this field
-    gives every job ``now``)."""
-    families: FamiliesState = msgspec.field(default_factory=FamiliesState)
-    slow_comms: list[tuple[str, str, int]] = []
-
-
-def _state_of(c: HostCorrelator) -> _CorrelatorState:
-    eps = [
-        _EpisodeState(job, host, fault, ep.first_window, ep.decided, [
-            _EntryState(e.ts, e.comm, e.window, e.score, e.comp[0], e.comp[1], e.comp[2],
-                        e.intra, msgspec.to_builtins(e.ev))
-            for e in ep.entries
-        ])
-        for (job, host, fault), ep in c.episodes.items()
-    ]  # fmt: skip
-    return _CorrelatorState(
-        now=c.now,
-        episodes=eps,
-        waiting=[
-            (
-                *k,
-                comm,
-                v[0],
-                v[1],
-                v[2],
-                None if v[3] is None else [list(x) for x in v[3]],
-                v[4],
-                v[5],
-            )
-            for k, t in c.waiting.items()
-            for comm, v in t.items()
-        ],
-        silent=[(*k, g, ts) for k, t in c.silent.items() for g, ts in t.items()],
-        cooldown=[(*k, ts) for k, ts in c.cooldown.items()],
-        isolated={j: list(q) for j, q in c.isolated.items()},
-        job_hosts=dict(c.job_hosts),
-        job_host_names={j: sorted(n) for j, n in c.job_host_names.items()},
-        suppressed=c.suppressed,
-        roles=[(*k, h, ts) for k, t in c.roles.items() for h, ts in t.items()],
-        clock=dict(c.clock),
-        families=c.families.state(),
-        slow_comms=[(*k, ts) for k, ts in c.slow_comms.items()],
-    )
-
-
-def _from_state(st: _CorrelatorState, c: HostCorrelator) -> HostCorrelator:
-    c.clock = dict(st.clock)
-    for es in st.episodes:
-        ep = _Episode(first_window=es.first_window, decided=es.decided)
-        for e in es.entries:
-            ev = evidence_of(es.fault, e.ev)
-            ep.entries.append(
-                _Entry(e.ts, e.comm, e.window, e.score, (e.gpu, e.nic, e.peer), e.intra, ev)
-            )
-        c.episodes[(es.job, es.host, es.fault)] = ep
-    for job, host, gpu, fault, comm, first, last, extra, culprits, slow, span in st.waiting:
-        who = None if culprits is None else tuple((str(h), int(g)) for h, g in culprits)
-        c.waiting.setdefault((job, host, gpu, fault), {})[comm] = (
-            first, last, extra, who, slow, span,
-        )  # fmt: skip
-    c._waiting_last = {k: max(x[1] + x[5] for x in t.values()) for k, t in c.waiting.items()}
-    for job, host, gpu, ts in st.silent:
-        c.silent.setdefault((job, host), {})[gpu] = ts
-    c.cooldown = {(job, host): ts for job, host, ts in st.cooldown}
-    c.isolated = {j: deque(q) for j, q in st.isolated.items()}
-    c.job_hosts = dict(st.job_hosts)
-    c.job_host_names = {j: set(n) for j, n in st.job_host_names.items()}
-    c.suppressed = st.suppressed
-    c.families.load(st.families)
-    c.slow_comms = {(job, comm): ts for job, comm, ts in st.slow_comms}
-    for job, hosts, nranks, pos, host, ts in st.roles:
-        c.roles.setdefault((job, hosts, nranks, pos), {})[host] = ts
-    if not st.clock and st.now >= 0:  # written before per-job clocks: one clock for all
-        jobs = {k[0] for k in c.episodes} | {k[0] for k in c.cooldown} | set(c.job_hosts)
-        c.clock = dict.fromkeys(jobs, st.now)
-    return c

@@ -22,7 +22,10 @@ median is slow. Which component is slow is then decided from every cell through 
 NICs at both ends, across all small communicators (pairs in both directions, two-host
 rings): a NIC slow with two or more remote NICs is the NIC; one direction slow while the
 reverse is fine is the link; both directions of one hop slow, with no other cell of
-either NIC to tell them apart, names nothing (neither host is isolated on it).
+either NIC to tell them apart, names nothing (neither host is isolated on it). A NIC
+whose every cell is slow, both ways, with two or more remote NICs, while no other cell
+read beside them is slow, is *whole*: the slowness is its own, not a queue at a shared
+switch port (see :mod:`streams.core.slow_conn`).
 
 >>> f = Families()
 >>> def pair(r, fwd):  # replica r of a two-stage pipeline: a{r} -> b{r} and back
@@ -50,6 +53,11 @@ __all__ = ["Families", "FamiliesState", "SlowCell", "Waited"]
 
 _KEEP = 4
 """Windows of notes kept per communicator (the replicas' latest are read)."""
+_KEEP_PAIR = 32
+"""Windows of a pipeline pair's notes kept (at most; older than the correlator's horizon
+are dropped): a straggler's evidence lives for the horizon or three of its windows, and
+whether it waited for its neighbour stage is judged on the pair notes of its own time,
+which must still be there when it is decided (short steps: windows of a second)."""
 _MIN_REPLICAS = 3
 """Other communicators of the shape needed before one is judged against them."""
 
@@ -78,13 +86,16 @@ class SlowCell:
     ratio: float
     median_gbs: float
     cells: int
+    whole: bool = False
+    """Every cell through the NIC slow, both ways, two or more remote NICs, no other
+    cell read beside them slow."""
 
 
 @dataclass(slots=True)
 class _Pair:
     hosts: tuple[str, str]
     gpus: tuple[int, int]
-    notes: deque = field(default_factory=lambda: deque(maxlen=_KEEP))
+    notes: deque = field(default_factory=lambda: deque(maxlen=_KEEP_PAIR))
     """(ts, window start, exec ms end 0, exec ms end 1, period ms)"""
 
 
@@ -118,7 +129,7 @@ class Families:
         self.cells: dict[tuple[str, str], _CellComm] = {}
         self.fam: dict[tuple, dict[str, deque]] = {}
         """(job, shape, sender position, receiver position) -> {comm: its last windows'
-        (start, end, GB/s)}"""
+        (start, end, GB/s, GB/s at the end)}"""
         self.nic_comms: dict[tuple[str, str, str | None], set[str]] = {}
         """(job, host, NIC) -> the small communicators with a cell through it"""
         self._fam_med: dict[tuple, tuple[int, int, int, float | None]] = {}
@@ -185,11 +196,13 @@ class Families:
             n = self._note_at(p, ts)
             if n is not None:
                 xs.append(n[2 + end])
-        ref = None
-        if len(xs) > _MIN_REPLICAS:
-            a = np.array(xs)
-            med = median(a)
-            ref = (med, max(1.4826 * median(np.abs(a - med)), 0.01 * med, 1e-3), float(len(xs)))
+        if len(xs) <= _MIN_REPLICAS:
+            # not cached: the replicas' notes of the same time may come later, under
+            # window starts of their own (windows close by collectives, not in step)
+            return None
+        a = np.array(xs)
+        med = median(a)
+        ref = (med, max(1.4826 * median(np.abs(a - med)), 0.01 * med, 1e-3), float(len(xs)))
         self._ref[k] = ref
         return ref
 
@@ -241,35 +254,55 @@ class Families:
             per = self.fam.setdefault(fk, {})
             if comm not in per:
                 per[comm] = deque(maxlen=_KEEP)
-            per[comm].append((window, ts, note.gbs[i]))
+            end = note.gbs_end[i] if len(note.gbs_end) == len(note.gbs) else note.gbs[i]
+            per[comm].append((window, ts, note.gbs[i], end))
             self._fam_upd[fk] = self._fam_upd.get(fk, 0) + 1
             for nic in ((note.src_host[i], note.src_nic[i]), (note.dst_host[i], note.dst_nic[i])):
                 self.nic_comms.setdefault((job, *nic), set()).add(comm)
-        mine = [r for r in self._rows(job, comm, ts) if r[2] < self.slow_ratio]
+        out = self._judge(job, comm, ts, at_end=False)
+        if any(c.whole for c in out) or any(c.kind != "nic" for c in out):
+            return out
+        # the window's end, for a whole NIC only, when its mean shows nothing else slow
+        # (as a communicator's own matrix is judged: ConnMatrix.judge)
+        late = [c for c in self._judge(job, comm, ts, at_end=True) if c.whole]
+        if len(late) == 1 and all((c.host, c.nic) == (late[0].host, late[0].nic) for c in out):
+            return late
+        return out
+
+    def _judge(self, job: str, comm: str, ts: int, at_end: bool) -> list[SlowCell]:
+        """The slow components ``comm``'s cells show with their families, on the window's
+        mean throughput or its end's (``Cells.gbs_end``, each against its family's end)."""
+        mine = [r for r in self._rows(job, comm, ts, at_end) if r[2] < self.slow_ratio]
         if not mine:
             return []
         nics = {r[0] for r in mine} | {r[1] for r in mine}
         comms = set().union(*(self.nic_comms.get((job, *n), set()) for n in nics))
-        rows = [r for cm in sorted(comms) for r in self._rows(job, cm, ts)]
+        rows = [r for cm in sorted(comms) for r in self._rows(job, cm, ts, at_end)]
         return self._blame(rows, mine)
 
-    def _median(self, fk: tuple, start: int, end: int) -> float | None:
+    def _median(self, fk: tuple, start: int, end: int, col: int = 2) -> float | None:
         """The family's median cell over the same time as the window ``start``-``end``:
         each communicator's window that overlaps it by half of the shorter of the two
         (the same traffic at the same time: congestion of the whole fabric slows the
         replicas alike). Computed again for another window, or once a tenth of the
         family sent new notes since (a median moves little with a few more values;
-        this keeps a window's notes linear in their number)."""
+        this keeps a window's notes linear in their number). "Another window" is one
+        whose ends moved by more than a tenth of its span: the replicas' windows close
+        at nearly the same time (each note is stamped when its window closed, so no
+        two are equal), and the median over nearly the same time is nearly the same.
+        ``col`` 2: of the windows' means; 3: of their ends."""
         upd = self._fam_upd.get(fk, 0)
-        got = self._fam_med.get(fk)
+        got = self._fam_med.get((*fk, col))
         vals = self.fam.get(fk, {})
-        if (got is not None and got[1:3] == (start, end) and upd - got[0] <= 0.1 * len(vals)
-                and got[3] is not None):  # fmt: skip
+        tol = 0.1 * max(end - start, 1)
+        if (got is not None and abs(got[1] - start) <= tol and abs(got[2] - end) <= tol
+                and upd - got[0] <= 0.1 * len(vals) and got[3] is not None):  # fmt: skip
             return got[3]
         xs = []
         for wins in vals.values():
             best, g_best = 0.0, 0.0
-            for s0, s1, g in wins:
+            for w in wins:
+                s0, s1, g = w[0], w[1], w[col]
                 over = min(end, s1) - max(start, s0)
                 need = 0.5 * max(1, min(end - start, s1 - s0))
                 if over >= need and over > best:
@@ -277,24 +310,26 @@ class Families:
             if best > 0:
                 xs.append(g_best)
         med = median(xs) if len(xs) > _MIN_REPLICAS else None
-        self._fam_med[fk] = (upd, start, end, med)
+        self._fam_med[(*fk, col)] = (upd, start, end, med)
         return med
 
-    def _rows(self, job: str, comm: str, ts: int) -> list[tuple]:
+    def _rows(self, job: str, comm: str, ts: int, at_end: bool = False) -> list[tuple]:
         """The cells of one communicator's note around ``ts``, as (sender NIC, receiver
-        NIC, ratio to the family median, that median, comm)."""
+        NIC, ratio to the family median, that median, comm); ``at_end``: of the
+        window's end."""
         cc = self.cells.get((job, comm))
         n = None if cc is None else self._note_at(cc, ts)
         if n is None:
             return []
         x = n[2]
+        gbs = x.gbs_end if at_end and len(x.gbs_end) == len(x.gbs) else x.gbs
         out = []
         for i in range(len(x.gbs)):
-            m = self._median((job, cc.shape, x.src[i], x.dst[i]), n[1], n[0])  # type: ignore[union-attr]
+            m = self._median((job, cc.shape, x.src[i], x.dst[i]), n[1], n[0], 3 if at_end else 2)  # type: ignore[union-attr]
             if m is None or m <= 0:
                 continue
             out.append(((x.src_host[i], x.src_nic[i]), (x.dst_host[i], x.dst_nic[i]),
-                        x.gbs[i] / m, m, comm))  # fmt: skip
+                        gbs[i] / m, m, comm))  # fmt: skip
         return out
 
     def _blame(self, rows: list, mine: list) -> list[SlowCell]:
@@ -304,6 +339,15 @@ class Families:
         def remotes(nic: tuple, cells: list) -> set[tuple]:
             return {r[1] if r[0] == nic else r[0] for r in cells if nic in (r[0], r[1])}
 
+        def whole(nic: tuple) -> bool:
+            through = [r for r in rows if nic in (r[0], r[1])]
+            return (
+                all(r[2] < self.slow_ratio for r in through)
+                and any(r[0] == nic for r in through)
+                and any(r[1] == nic for r in through)
+                and all(nic in (r[0], r[1]) for r in slow)
+            )
+
         out: dict[tuple, SlowCell] = {}
         for s, d, ratio, m, _ in mine:
             for end in (s, d):
@@ -311,7 +355,7 @@ class Families:
                     mine_cells = [r[2] for r in slow if end in (r[0], r[1])]
                     out[("nic", end)] = SlowCell("nic", end[0], end[1], None,
                                                  float(median(mine_cells)), m / 1e3,
-                                                 len(mine_cells))  # fmt: skip
+                                                 len(mine_cells), whole(end))  # fmt: skip
             if ("nic", s) in out or ("nic", d) in out:
                 continue
             if len(remotes(d, slow)) >= 2 or len(remotes(s, slow)) >= 2:
@@ -343,6 +387,10 @@ class Families:
                     if not m:
                         del self.member[(job, p.hosts[end], p.gpus[end])]
             self._depth.clear()
+        for (j, _), p in self.pairs.items():
+            if j == job:
+                while len(p.notes) > 1 and self._old(deque([p.notes[0]]), now, horizon):
+                    p.notes.popleft()
         for key in [k for k, c in self.cells.items() if k[0] == job
                     and self._old(c.notes, now, horizon)]:  # fmt: skip
             del self.cells[key]
@@ -389,6 +437,13 @@ class Families:
                 raise ValueError("cells state: a shape has three numbers")
             for ts, window, note in cnotes:
                 self.observe_cells(job, comm, ts, window, note, (shape[0], shape[1], shape[2]))
+
+    def forget_job(self, job: str) -> None:
+        """Drop everything of ``job`` (every key starts with it)."""
+        for d in (self.pairs, self.member, self.cells, self.fam, self.nic_comms,
+                  self._fam_med, self._fam_upd, self._depth, self._ref, self._n_notes):  # fmt: skip
+            for k in [k for k in d if k[0] == job]:
+                del d[k]  # type: ignore[attr-defined]
 
     def nbytes(self) -> int:
         return 200 * len(self.pairs) + 400 * len(self.cells)

@@ -128,6 +128,10 @@ class SlowEvidence(Evidence, kw_only=True):
     family: str | None = None
     """Judged against the same cell of communicators of one shape (e.g. the pipeline
     pairs across one stage boundary), not within one communicator's matrix."""
+    whole_nic: bool = False
+    """Every connection through this NIC was slow, both ways, with two or more remote
+    peers, and no other connection beside them: the slowness is the NIC's own (one
+    window is enough, see :mod:`streams.core.slow_conn`)."""
 
 
 class RiverEvidence(StragglerEvidence, kw_only=True):
@@ -230,6 +234,9 @@ class Cells(msgspec.Struct, kw_only=True, tag_field="role", tag="cells"):
     dst_nic: list[str | None] = []
     gbs: list[float] = []
     """GB/s the cell moved this window."""
+    gbs_end: list[float] = []
+    """GB/s at the window's end: the trend of its parts where it falls, else ``gbs``
+    (:meth:`streams.core.slow_conn.ConnMatrix.end_cells`); empty from older workers."""
     size_log2: int = 0
     """Mean bytes per connection record, log2 rounded (throughput depends on it)."""
     p2p: bool = False

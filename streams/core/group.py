@@ -10,7 +10,7 @@ sort by (communicator, rank, seq), each rank's first op, the distinct collective
 the newest time — and hands each communicator its views of the result
 (:class:`~streams.core.comm.Cut`). Each communicator's own state (rank table, learned
 normal, detectors, checkpoints) is then updated as before, in the same order, so the
-verdicts and the state are those of :meth:`CommDetector.observe_columns` called one
+verdicts and the state are those of :meth:`CommDetector.observe` called one
 communicator after the other.
 
 Given a :class:`CommGroup` kept from slice to slice, two pieces of that state are also
@@ -42,12 +42,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from streams.core.columns import EventColumnsLike
-from streams.core.comm import (
-    CommDetector,
+from streams.core.comm import CommDetector
+from streams.core.cut import (
     Cut,
     Folded,
     conn_arrays,
     cut_columns,
+    first_op,
     identities,
     progress_conns,
 )
@@ -78,7 +79,7 @@ def observe_many(
     items: Sequence[tuple[CommDetector, EventColumnsLike]], group: CommGroup | None = None
 ) -> list[list[Verdict]]:
     """Each communicator's batch (columns, ``n`` > 0) observed, in the order given: the
-    verdicts of each, as :meth:`CommDetector.observe_columns` of it would return them.
+    verdicts of each, as :meth:`CommDetector.observe` of it would return them.
     A communicator may appear once per call. ``group`` (kept by the caller from call to
     call): the detectors that have a grouped pass learn in it."""
     cuts = cut_many([c for _, c in items])
@@ -269,6 +270,6 @@ def cut_many(parts: Sequence[EventColumnsLike]) -> list[Cut]:
             conns=conn_arrays(c, loc_ops, counts_ops, c.int("rank"), seq_all[op_rows[o0:o1]]),
             first=first[o0:o1],
             prog_conns=progress_conns(c, loc_pr, busy[prs]) if busy_part[i] else None,
-            ident_cols=identities(c, order),
+            ident_cols=identities(c, order), head_op=first_op(c, loc_ops),
         ))  # fmt: skip
     return out

@@ -74,8 +74,17 @@ def judge_hang(
     min_waiting_frac: float,
     max_culprit_frac: float,
     expect_all: bool = False,
+    sending: np.ndarray | None = None,
 ) -> HangFinding | None:
-    """Classify the communicator's state at ``now``; ``None`` when nothing is hung."""
+    """Classify the communicator's state at ``now``; ``None`` when nothing is hung.
+
+    ``sending``: ranks whose in-flight op is a point-to-point Send (only send
+    connections). A posted Send holds nobody up: its rank computes on meanwhile (the
+    Send runs on its own stream), and the receiver posts its Recv when its own schedule
+    reaches it — a pipeline stage busy with another microbatch. A rank behind is a
+    culprit only while someone is blocked on it (a Recv, or a collective that needs
+    everyone); when only senders wait, nothing is hung. A stopped receiver is still
+    found: the sender soon blocks in a Recv from it, and its other communicators stop."""
     seen = t.last_recv >= 0
     if seen.sum() < 2:
         return None
@@ -102,6 +111,8 @@ def judge_hang(
     if n_cul:
         if n_cul > max(1, max_culprit_frac * t.n):
             return None
+        if sending is not None and not (waiting & ~sending).any():
+            return None  # only posted Sends wait: nobody is blocked (see above)
         return HangFinding(
             "noncomm",
             target,
@@ -301,6 +312,7 @@ class HangDetector:
             cfg.min_waiting_frac,
             cfg.max_culprit_frac,
             expect_all=view.now - view.first_us > cfg.warmup_us + cfg.silent_us,
+            sending=self._sending(view.ranks),
         )
         if f is None:
             self._forget_hang()
@@ -347,6 +359,21 @@ class HangDetector:
         return self.pconns.nbytes() + 48 * small + 200
 
     # ------------------------------------------------------------ judging
+    def _sending(self, t: RankTable) -> np.ndarray | None:
+        """Ranks whose in-flight op has only send connections (a point-to-point Send),
+        from the connections their heartbeats report; None when none reports any."""
+        by_rank = self.pconns.by_rank
+        if not by_rank:
+            return None
+        out = np.zeros(t.n, bool)
+        started = t.started
+        for r, mine in by_rank.items():
+            if r >= t.n:
+                continue
+            cur = [k[1] for k, e in mine.items() if e[0] == started[r]]
+            out[r] = bool(cur) and all(cur)
+        return out
+
     def _forget_hang(self) -> None:
         self._target = -1
         self._reported.clear()

@@ -12,6 +12,11 @@ the time their communicator was already judged up to by more than the policy's
 ``allowed_lateness_us`` (one host's backlog after the rest of its job went on) cannot be
 judged any more: they are counted in ``late_events``, as the worker dead-letters them.
 
+Windows summarised at the source (:mod:`producers.summary`) come as their expanded
+events plus the summaries themselves: a message's summaries are folded
+(:class:`~streams.core.summary_evidence.SummaryEvidence`, the worker's own fold) right
+after the slice holding its events is observed, as the worker does.
+
 >>> p = DetectionPipeline()
 >>> p.feed([]) == [] and p.finish() == []
 True
@@ -19,7 +24,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,12 +32,18 @@ import numpy as np
 from producers.events import Event
 from producers.formats.flight_recorder import SnapshotFacts
 from streams.commands import IsolationCommand
-from streams.core.columns import ColumnBlockLike, EventColumnsLike
+from streams.core.columns import (
+    ColumnBlockLike,
+    EventColumnsLike,
+    as_blocks,
+    concat_columns,
+)
 from streams.core.comm import CommDetector
 from streams.core.config import DetectConfig, PolicyConfig
 from streams.core.correlate import HostCorrelator, LateEvidence
 from streams.core.group import CommGroup, observe_many
 from streams.core.snapshot import judge_snapshot
+from streams.core.summary_evidence import SummaryEvidence, vouched
 from streams.verdicts import Verdict
 
 __all__ = ["DetectionPipeline"]
@@ -44,17 +55,15 @@ class _Lane:
 
     now: int = -1
     slice_end: int = -1
-    buf: dict[str, list[Event]] = field(default_factory=dict)
     buffered: int = 0
     comms: list[str] = field(default_factory=list)
     """The job's communicators, in the order they were first seen."""
-    cols: dict[str, list[EventColumnsLike]] = field(default_factory=dict)
-    """Communicators fed as columns: their parts of the open slice (``buf`` holds an
-    empty list for them, so the order of communicators is the order of arrival)."""
     blocks: list[tuple[ColumnBlockLike, list[int]]] = field(default_factory=list)
     """Parts of blocks in the open slice (cut per communicator only when it closes)."""
     group: CommGroup = field(default_factory=CommGroup)
     """The job's communicators' state laid out together for the grouped pass."""
+    summaries: list[object] = field(default_factory=list)
+    """Summaries of the messages in the open slice, folded once it is observed."""
 
 
 class DetectionPipeline:
@@ -88,6 +97,7 @@ class DetectionPipeline:
         self.snapshot_comms: set[str] = set()
         self._tick_us = tick_us
         self._max_buffer = max_buffer
+        self.summary_evidence = SummaryEvidence()
 
     @property
     def now(self) -> int:
@@ -100,95 +110,31 @@ class DetectionPipeline:
             lane = self.lanes[job] = _Lane()
         return lane
 
-    def feed(self, events: Iterable[Event]) -> list[IsolationCommand]:
+    def feed(
+        self, events: Iterable[Event], summaries: Sequence[object] = ()
+    ) -> list[IsolationCommand]:
         """Take events in (roughly) event-time order per job; returns commands decided
-        meanwhile."""
-        out: list[IsolationCommand] = []
-        if isinstance(events, list) and events:
-            # fast path: an exporter batch holds one communicator's events of one host.
-            # List comprehensions, not generator expressions: this runs for every event.
-            comm = events[0].comm
-            if len({e.comm for e in events}) == 1:
-                tss = [e.ts_us for e in events]
-                ts_lo = min(tss)
-                ts_hi = max(tss)
-                judged = self._judged.get(comm, -1)
-                if judged - ts_hi > self._lateness:
-                    self.late_events.append((events[0].job, comm, len(events), judged - ts_hi))
-                    return out
-                lane = self._lane(events[0].job)
-                if ts_lo >= lane.slice_end or lane.buffered >= self._max_buffer:
-                    if lane.buffered:
-                        out += self._flush(events[0].job, lane)
-                    if ts_lo >= lane.slice_end:
-                        lane.slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
-                if ts_hi > lane.now:
-                    lane.now = ts_hi
-                b = lane.buf.get(comm)
-                if b is None:
-                    lane.buf[comm] = list(events)
-                else:
-                    b.extend(events)
-                lane.buffered += len(events)
-                return out
-        for e in events:
-            ts = e.ts_us
-            judged = self._judged.get(e.comm, -1)
-            if judged - ts > self._lateness:
-                self.late_events.append((e.job, e.comm, 1, judged - ts))
-                continue
-            lane = self._lane(e.job)
-            if ts >= lane.slice_end or lane.buffered >= self._max_buffer:
-                if lane.buffered:
-                    out += self._flush(e.job, lane)
-                if ts >= lane.slice_end:
-                    lane.slice_end = ts - ts % self._tick_us + self._tick_us
-            if ts > lane.now:
-                lane.now = ts
-            b = lane.buf.get(e.comm)
-            if b is None:
-                lane.buf[e.comm] = [e]
-            else:
-                b.append(e)
-            lane.buffered += 1
-        return out
+        meanwhile. Objects are turned into columns at the edge
+        (:func:`~streams.core.columns.as_blocks`), then fed as :meth:`feed_block`; batches
+        already given as columns one by one (the Parquet archive's messages) are fed as
+        ``feed_block(PartsBlock(parts))``. ``summaries``: those of one message whose
+        events these are (the ones its events vouch for are folded with them)."""
+        evs = events if isinstance(events, list) else list(events)
+        block = as_blocks(evs)
+        sums = vouched(summaries, evs) if summaries else []
+        n = len(block.part_comm)
+        return self.feed_block(block, {n - 1: sums} if sums and n else None)
 
-    def feed_columns(self, parts: Sequence[EventColumnsLike]) -> list[IsolationCommand]:
-        """As :meth:`feed`, for batches given as columns (one communicator each, e.g. the
-        messages of the Parquet archive): judged by
-        :meth:`~streams.core.comm.CommDetector.observe_columns`, with the same slices,
-        hence the same verdicts and commands as :meth:`feed` of the same events."""
-        out: list[IsolationCommand] = []
-        for cols in parts:
-            if cols.n == 0:
-                continue
-            if self.lanes.get(cols.job) is not None:
-                self._cut_blocks(self.lanes[cols.job])  # keep the order of arrival
-            ts = cols.int("ts_us")
-            ts_lo, ts_hi = int(ts.min()), int(ts.max())
-            comm, job = cols.comm, cols.job
-            judged = self._judged.get(comm, -1)
-            if judged - ts_hi > self._lateness:
-                self.late_events.append((job, comm, cols.n, judged - ts_hi))
-                continue
-            lane = self._lane(job)
-            if ts_lo >= lane.slice_end or lane.buffered >= self._max_buffer:
-                if lane.buffered:
-                    out += self._flush(job, lane)
-                if ts_lo >= lane.slice_end:
-                    lane.slice_end = ts_lo - ts_lo % self._tick_us + self._tick_us
-            if ts_hi > lane.now:
-                lane.now = ts_hi
-            lane.buf.setdefault(comm, [])
-            lane.cols.setdefault(comm, []).append(cols)
-            lane.buffered += cols.n
-        return out
-
-    def feed_block(self, block: ColumnBlockLike) -> list[IsolationCommand]:
-        """As :meth:`feed_columns` of the block's parts one by one (same slices, same
-        verdicts and commands), without an object per part: a part costs a few integer
-        comparisons here, and the rows of a slice are cut per communicator in one go
-        when it closes."""
+    def feed_block(
+        self, block: ColumnBlockLike, summaries: Mapping[int, Sequence[object]] | None = None
+    ) -> list[IsolationCommand]:
+        """Take the block's parts (one communicator's rows of one message each) in
+        order, each into its job's open slice: a part costs a few integer comparisons
+        here, and the rows of a slice are cut per communicator in one go when it
+        closes. A part behind what its communicator was already judged up to by more
+        than the allowed lateness is counted in ``late_events``, not judged.
+        ``summaries``: per part index, the summaries of its message (vouched for by its
+        events), folded after the slice the part lands in is observed."""
         out: list[IsolationCommand] = []
         judged_of, lateness, tick = self._judged, self._lateness, self._tick_us
         jobs, lo_l, hi_l, n_l = block.part_job, block.part_ts_lo, block.part_ts_hi, block.part_n
@@ -212,22 +158,15 @@ class DetectionPipeline:
                     lane.slice_end = ts_lo - ts_lo % tick + tick
             if ts_hi > lane.now:
                 lane.now = ts_hi
-            if comm not in lane.buf:
-                lane.buf[comm] = []
             if mine is None:
                 if not lane.blocks or lane.blocks[-1][0] is not block:
                     lane.blocks.append((block, []))
                 mine = lane.blocks[-1][1]
             mine.append(i)
             lane.buffered += n_l[i]
+            if summaries and (sums := summaries.get(i)):
+                lane.summaries.extend(sums)
         return out
-
-    def _cut_blocks(self, lane: _Lane) -> None:
-        """The lane's block parts, per communicator, into ``lane.cols``."""
-        for block, parts in lane.blocks:
-            for cols in block.select(np.array(parts, np.int64)):
-                lane.cols.setdefault(cols.comm, []).append(cols)
-        lane.blocks.clear()
 
     def judge_snapshot(
         self, events: Sequence[Event], facts: SnapshotFacts | None = None
@@ -270,30 +209,28 @@ class DetectionPipeline:
         return out + late
 
     def _flush(self, job: str, lane: _Lane) -> list[IsolationCommand]:
-        verdicts: list[Verdict] = []
-        if lane.blocks:
-            self._cut_blocks(lane)
-        grouped: list[tuple[CommDetector, EventColumnsLike]] = []
-        slots: list[int | list[Verdict]] = []  # per communicator: its grouped index, or verdicts
-        for comm, evs in lane.buf.items():
+        # each communicator's parts of the slice, in the order communicators arrived
+        per_comm: dict[str, list[EventColumnsLike]] = {}
+        for block, parts in lane.blocks:
+            for cols in block.select(np.array(parts, np.int64)):
+                per_comm.setdefault(cols.comm, []).append(cols)
+        lane.blocks.clear()
+        items: list[tuple[CommDetector, EventColumnsLike]] = []
+        for comm, cols in per_comm.items():
             d = self.detectors.get(comm)
             if d is None:
                 d = self.detectors[comm] = CommDetector(comm, self.detect_config)
                 lane.comms.append(comm)
-            cols = lane.cols.get(comm)
-            if cols is None:
-                slots.append(d.observe(evs))
-            elif not evs:  # columns: judged with the slice's other communicators
-                slots.append(len(grouped))
-                grouped.append((d, cols[0].concat(cols)))
-            else:  # fed both ways in one slice (mixed inputs): as objects
-                slots.append(d.observe(evs + [e for c in cols for e in c.to_events()]))
-        got = observe_many(grouped, lane.group) if grouped else []
-        for x in slots:  # in the order of arrival, as one by one
-            verdicts += got[x] if isinstance(x, int) else x
+            items.append((d, concat_columns(cols)))
+        # judged together, with the verdicts of judging them one by one, in that order
+        verdicts = [v for got in observe_many(items, lane.group) for v in got] if items else []
+        if lane.summaries:  # the slice's summaries, folded after its samples (the worker's)
+            ev = self.summary_evidence
+            for comm in ev.add(lane.summaries):
+                if (det := self.detectors.get(comm)) is not None:
+                    ev.fold(comm, det)
+            lane.summaries.clear()
         self.n_events += lane.buffered
-        lane.buf.clear()  # in place: feed() holds a reference to this dict
-        lane.cols.clear()
         lane.buffered = 0
         now = lane.now
         judged = self._judged

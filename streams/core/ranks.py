@@ -49,6 +49,8 @@ class RankTable:
         add = nranks - self.n
 
         def ext(a: np.ndarray, fill: float) -> np.ndarray:
+            if not a.size:  # a new communicator: no copy
+                return np.full(add, fill, a.dtype)
             return np.concatenate([a, np.full(add, fill, a.dtype)])
 
         self.host_idx = ext(self.host_idx, -1)

@@ -75,8 +75,8 @@ def robust_z(x: np.ndarray, floor: float = 1e-9) -> np.ndarray:
 def slow_score(ratio: float, slow_ratio: float) -> float:
     """Score of a connection (or NIC) moving ``ratio`` of its reference throughput, below
     ``slow_ratio``: 0.7 just under the bar, 1.0 from 25 points under. Two windows under
-    the bar are enough evidence (the policy's 1.4), so a NIC that degrades slowly is
-    isolated one window after its throughput crossed the bar.
+    the bar are enough evidence (the policy's 1.4); one is, for a NIC slow in its own
+    right (:func:`streams.core.rails.whole_nic`).
 
     >>> slow_score(0.74, 0.75), slow_score(0.4, 0.75)
     (0.712, 1.0)
@@ -103,6 +103,8 @@ class NormalState(msgspec.Struct, array_like=True):
     peak_us: float = 0.0
     """The longest kernel time seen lately (decayed), and when it was last updated."""
     peak_at: int = -1
+    peak_ops: int = 0
+    """``n_ops`` when the peak was last updated (it decays per kernel time learned too)."""
 
 
 def new_quantile(p: float) -> rstats.Quantile:
@@ -162,6 +164,12 @@ CLIP_AFTER = 32
 """...once this many samples were learned (before, nothing is known to clip against)."""
 PEAK_MULT = 1.5
 PEAK_TAU_PERIODS = 20.0
+PEAK_TAU_OPS = 512
+"""The recent peak decays by e no faster than every this many kernel times learned
+(256 collectives of a two-rank pair): the longest wait of a pipeline pair, its bubble at
+the step boundary, recurs once a step, which holds 2 x microbatches of its collectives;
+with 60-s steps a minute is one step, and a peak forgotten within a step lets the next
+bubble pass for a hang."""
 
 
 class NormalModel:
@@ -185,6 +193,7 @@ class NormalModel:
         self.n_periods = 0
         self.peak_us = 0.0
         self.peak_at = -1
+        self.peak_ops = 0
 
     def state(self) -> NormalState:
         return NormalState(
@@ -195,6 +204,7 @@ class NormalModel:
             n_periods=self.n_periods,
             peak_us=self.peak_us,
             peak_at=self.peak_at,
+            peak_ops=self.peak_ops,
         )
 
     @classmethod
@@ -204,7 +214,7 @@ class NormalModel:
         m._op90 = quantile_from_state(0.9, st.op90)
         m._period = quantile_from_state(0.5, st.period)
         m.n_ops, m.n_periods = st.n_ops, st.n_periods
-        m.peak_us, m.peak_at = st.peak_us, st.peak_at
+        m.peak_us, m.peak_at, m.peak_ops = st.peak_us, st.peak_at, st.peak_ops
         return m
 
     def learn_op(self, exec_us: float) -> None:
@@ -259,14 +269,18 @@ class NormalModel:
 
     def note_peak(self, exec_max: float, now: int) -> None:
         """The longest kernel time of a batch, at event time ``now``: the recent peak,
-        decaying by e every :data:`PEAK_TAU_PERIODS` periods (at least a minute), so a
-        one-off (a checkpoint's 30-s collective) is forgotten within minutes."""
+        decaying by e every :data:`PEAK_TAU_PERIODS` periods (at least a minute) and
+        every :data:`PEAK_TAU_OPS` kernel times, whichever is slower, so a one-off (a
+        checkpoint's 30-s collective) is forgotten within minutes on a busy
+        communicator, while a wait that recurs once a step is remembered over steps."""
         if self.peak_at >= 0 and now > self.peak_at:
             tau = max(60e6, PEAK_TAU_PERIODS * self.period())
-            self.peak_us *= math.exp(-(now - self.peak_at) / tau)
+            decay = min((now - self.peak_at) / tau, (self.n_ops - self.peak_ops) / PEAK_TAU_OPS)
+            self.peak_us *= math.exp(-max(decay, 0.0))
         if exec_max > self.peak_us:
             self.peak_us = float(exec_max)
-        self.peak_at = max(self.peak_at, now)
+        if now >= self.peak_at:
+            self.peak_at, self.peak_ops = now, self.n_ops
 
     def hang_threshold_us(self, floor_us: int, mult: float) -> float:
         """In-flight time beyond which a collective counts as hung for this communicator:

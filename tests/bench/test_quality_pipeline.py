@@ -87,3 +87,21 @@ def test_a_degrading_nic_latency_counts_from_the_threshold(tmp_path: Path) -> No
     f = ground_truth(sc.config).faults[0]
     assert f.threshold_us is not None and f.threshold_us > f.start_us
     assert sc.config.duration_s * 1e6 + f.start_us - f.threshold_us > 0
+
+
+def test_a_runs_log_keeps_each_run_and_resumes(tmp_path: Path) -> None:
+    """Each run is appended to the log as it ends; a second call takes it from there
+    (same scores, nothing judged again)."""
+    sc = _tiny("benign: bubbles", duration_s=4)
+    log = tmp_path / "runs.jsonl"
+    first = bq.run_pipeline_suite([sc], tmp_path, ("raw",), 1, log)
+    assert len(log.read_bytes().splitlines()) == 1
+    again = bq.run_pipeline_suite([sc], tmp_path / "empty-cache", ("raw",), 1, log)
+    assert again == first and not (tmp_path / "empty-cache").exists()
+
+
+def test_log_only_prints_the_runs_in_the_log_and_runs_nothing(tmp_path: Path) -> None:
+    sc = _tiny("benign: bubbles", duration_s=4)
+    log = tmp_path / "runs.jsonl"
+    assert bq.run_pipeline_suite([sc], tmp_path, ("raw",), 1, log, run_missing=False) == []
+    assert not log.read_bytes()  # nothing was run

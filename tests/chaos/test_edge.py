@@ -3,6 +3,8 @@ each test is one of the issue's findings and failed before its fix."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from c4base.deadletter import DeadLetter
@@ -143,14 +145,19 @@ def test_a_restored_comm_keeps_its_size_from_the_checkpoint() -> None:
     assert wrap_state(4, b"")[:4] == b"C4CM"
 
 
+@dataclass(frozen=True)
+class _Decision:
+    job: str
+
+
 class _Deciding:
     def observe(self, verdict):
-        return ["decision"]
+        return [_Decision(verdict.job)]
 
     def advance(self, now_us):
         return []
 
-    def to_bytes(self):
+    def to_bytes(self, job=None):
         return b"cor"
 
 
@@ -161,6 +168,9 @@ class _Engine:
     def load_correlator(self, data):
         return _Deciding()
 
+    def load_correlator_job(self, into, job, data):
+        pass
+
 
 def test_a_decision_is_checkpointed_right_behind_it() -> None:
     # Checkpoints every 5 s meant a worker killed 1-2 s after a decision decided again.
@@ -169,13 +179,14 @@ def test_a_decision_is_checkpointed_right_behind_it() -> None:
     v = Verdict(id="v", ts_us=1, job="j", comm="0xa", host="node-1", fault="straggler",
                 score=0.5, reason="r", window_start_us=0, window_end_us=1)  # fmt: skip
     out = c.process([Record("v", 0, 0, None, encode_verdict(v))])
-    assert out.commands == ["decision"] and out.checkpoints == [(0, c.key(0), b"cor")]
+    assert out.commands == [_Decision("j")] and out.checkpoints == [(0, c.key(0, "j"), b"cor")]
 
 
 class _Accuser:
     """A detector that accuses node-9 of a hang on every batch (whatever the evidence)."""
 
-    def observe(self, events):
+    def observe(self, cols):
+        events = cols.to_events()
         return [Verdict(id="v", ts_us=events[-1].ts_us, job="j", comm="0xa", host="node-9",
                         fault="noncomm_hang", score=0.9, reason="never joined",
                         window_start_us=0, window_end_us=1)]  # fmt: skip

@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from c4base.kafka import KafkaConfig
+from c4base.lifeguard import EXIT_BROKER_UNREACHABLE
 from compose.local_broker import LocalKafka
-from streams.app.lifeguard import EXIT_BROKER_UNREACHABLE
 from streams.app.settings import WorkerConfig
 from streams.worker import WorkerProcess, start_worker_process
 

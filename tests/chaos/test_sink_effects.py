@@ -161,7 +161,9 @@ def test_webhook_receiver_slower_than_the_client_timeout(tmp_path: Path) -> None
     )
     ROWS.append(row)
     assert row.duplicated == 0 and row.lost == 0 and len(fast_posts) == n
-    assert late < bound, (late, bound)
+    # parallel, whatever the machine's speed: one at a time (a request every 0.5 s, each
+    # held 2 s) the receiver would hold at most 4 + 1 at once (the time is printed)
+    assert slow.most_in_flight > answer_s / timeout_s + 1, slow.most_in_flight
 
 
 @pytest.mark.timeout(180)

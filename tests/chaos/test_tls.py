@@ -30,9 +30,9 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from c4base.kafka import KafkaConfig
+from c4base.lifeguard import EXIT_CREDENTIALS_REFUSED
 from compose.local_broker import LocalKafka
 from producers.events import encode_message
-from streams.app.lifeguard import EXIT_CREDENTIALS_REFUSED
 from streams.commands import decode_command
 from streams.worker import start_worker_process
 from tests.chaos.harness import TRUTH, as_messages, trace, worker_config

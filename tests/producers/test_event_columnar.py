@@ -15,11 +15,9 @@ from producers.columnar import (
     CONN_TYPE,
     EVENT_SCHEMA,
     MAX_MESSAGE_BYTES,
-    EventColumns,
     decode_arrow,
-    decode_columns_many,
+    decode_block,
     decode_events,
-    decode_events_many,
     encode_arrow,
     encode_batch,
     is_arrow,
@@ -182,15 +180,17 @@ def test_content_type_decides_and_unknown_types_are_refused() -> None:
         encode_batch(GOOD, "xml")
 
 
-def test_decoding_many_at_once_equals_one_by_one() -> None:
-    good = [encode_arrow([e]) for e in GOOD] + [encode_arrow(GOOD)]
+def test_one_batch_of_json_and_arrow_decodes_into_one_block() -> None:
+    """decode_block, the worker's decoder: JSON and Arrow messages of a batch come out as
+    rows of one block, each message's rows and each error as the message alone gives."""
+    a1, b1, a2 = _op(comm="0xb", seq=1), _op(comm="0xa", seq=1), _op(comm="0xb", seq=2)
+    good = [encode_arrow([e]) for e in GOOD] + [encode_arrow(GOOD), encode_arrow([a1, b1, a2])]
     bad_v = _ipc(_rows([{**json.loads(encode_message(GOOD[0])), "v": 2}]))
+    foreign = _ipc(_rows([json.loads(encode_message(GOOD[1]))]))  # inferred, other types
     msgs: list[tuple[bytes, Any]] = [(m, ARROW_CONTENT_TYPE) for m in good]
     msgs += [(bad_v, ARROW_CONTENT_TYPE), (encode_message(GOOD), None), (b"[]", None)]
-    msgs += [
-        (good[0][:20], ARROW_CONTENT_TYPE),
-        (_ipc(_rows([json.loads(encode_message(GOOD[1]))])), None),
-    ]
+    msgs += [(good[0][:20], ARROW_CONTENT_TYPE), (foreign, None), (b'[{"kind":"op"}]', None)]
+    msgs += [(encode_message([a1, b1, a2]), None)]
 
     def one(data: bytes, ct: Any) -> Any:
         try:
@@ -198,33 +198,21 @@ def test_decoding_many_at_once_equals_one_by_one() -> None:
         except EventDecodeError as err:
             return str(err)
 
-    many = [x if isinstance(x, list) else str(x) for x in decode_events_many(msgs)]
-    assert many == [one(*m) for m in msgs]
-    assert sum(isinstance(x, str) for x in many) == 2  # the bad v and the truncated stream
-    # all good: one pass over the concatenated rows
-    assert decode_events_many([(m, None) for m in good]) == [decode_events(m, None) for m in good]
-
-
-def test_columns_many_equal_events_many() -> None:
-    a1, b1, a2 = _op(comm="0xb", seq=1), _op(comm="0xa", seq=1), _op(comm="0xb", seq=2)
-    foreign = _ipc(_rows([json.loads(encode_message(GOOD[1]))]))  # inferred, other types
-    bad_v = _ipc(_rows([{**json.loads(encode_message(GOOD[0])), "v": 2}]))
-    for msgs in (
-        [(encode_arrow([a1, b1, a2]), None), (encode_arrow(GOOD), None), (b"[]", None)],
-        [(encode_arrow(GOOD), None), (foreign, None), (bad_v, None), (encode_message(GOOD), None)],
-    ):
-        cols = decode_columns_many(msgs)
-        objs = decode_events_many(msgs)
-        for c, o in zip(cols, objs, strict=True):
-            if isinstance(o, EventDecodeError):
-                assert isinstance(c, EventDecodeError) and str(c) == str(o)
-            elif c and isinstance(c[0], EventColumns):
-                got = [e for part in c for e in part.to_events()]  # type: ignore[union-attr]
-                assert sorted(map(encode_message, got)) == sorted(map(encode_message, o))
-                assert all(len({e.comm for e in p.to_events()}) == 1 for p in c)  # type: ignore[union-attr]
-                assert [p.int("seq").tolist() for p in c] == [  # type: ignore[union-attr]
-                    [e.seq if isinstance(e, OpEvent) else -1 for e in p.to_events()]
-                    for p in c  # type: ignore[union-attr]
+    for batch in (msgs, [(m, None) for m in good], [m for m in msgs if m[1] is None]):
+        items, block = decode_block(batch)
+        got = []
+        for x in items:
+            if isinstance(x, int):
+                assert block is not None
+                parts = block.message_columns(x)
+                assert all(len({e.comm for e in p.to_events()}) == 1 for p in parts)
+                assert [p.int("seq").tolist() for p in parts] == [
+                    [e.seq if isinstance(e, OpEvent) else -1 for e in p.to_events()] for p in parts
                 ]
+                got.append(sorted(encode_message(e) for p in parts for e in p.to_events()))
             else:
-                assert c == o
+                got.append(str(x) if isinstance(x, EventDecodeError) else x)
+        want = [one(*m) for m in batch]
+        assert got == [x if isinstance(x, str) or not x else sorted(map(encode_message, x))
+                       for x in want]  # fmt: skip
+    assert sum(isinstance(x, EventDecodeError) for x in decode_block(msgs)[0]) == 3

@@ -262,3 +262,21 @@ def test_one_dump_alone_says_nothing_of_absent_peers(tmp_path: Path) -> None:
     assert facts.absent == {}
     _, facts = read_snapshot_with_facts(_copy("pickle", tmp_path)[:3], job="j")
     assert facts.absent == {3: "no dump"}  # ranks 0-2 read: the world's rank 3 is missing
+
+
+@pytest.mark.timeout(10)
+def test_the_published_real_nccl_dump_reads_as_pytorch_wrote_it() -> None:
+    """The one real NCCL dump published with a licence to commit it (PyTorch's tutorial,
+    BSD-3-Clause; data/flight_recorder/published/README.md): rank 0 of 2, version 2.3,
+    timing off (completions discovered by the watchdog, no starts)."""
+    path = DATA / "published" / "pytorch-tutorial-v2.3" / "nccl_trace_rank_0.json"
+    ops, progress, bad = _events([path])
+    assert bad == []
+    [op] = ops
+    assert (op.comm, op.nranks, op.rank, op.op, op.seq) == ("0", 2, 0, "AllReduce", 1)
+    assert op.bytes == 3 * 4 * 4 and op.exec_us == 0.0  # float 3×4; no start: not timed
+    assert op.ts_us == 1724779239975811724 // 1000  # the discovered completion
+    [p] = progress
+    # last_started_collective -1 (starts not recorded): the enqueued counter stands in
+    assert (p.started, p.completed, p.inflight_op) == (2, 2, None)
+    assert p.ts_us == 1724779239975811724 // 1000  # copied: the newest entry, not the mtime

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.events import OpEvent, ProgressEvent
+from producers.events import OpEvent, ProgressEvent, encode_message
 from producers.sources import SourceError, iter_source_events, open_source, open_sources, sniff
 from producers.traces import BadLine, TraceWriter
 
@@ -123,3 +123,31 @@ def test_every_reader_emits_what_the_contract_schema_accepts(path: Path) -> None
         assert b.source.rsplit(":", 1)[1].isdigit()
     for x in bad:  # bad input always says where and why
         assert x.path and x.lineno >= 0 and x.reason
+
+
+@pytest.mark.timeout(30)
+def test_one_trace_read_as_blocks_holds_the_events_of_its_lines(tmp_path: Path) -> None:
+    """detect's read of a JSON-lines trace (open_sources(blocks=True)): the same events
+    as the lines read one by one (within a line, grouped by communicator as an archived
+    message is); a bad line is reported as ever, and lines whose values no column holds
+    (a rank beyond int32) come as events, line by line."""
+    big = OpEvent(v=1, job="j", comm="c0", nranks=2, rank=2**40, host="h", ts_us=5_500,
+                  op="AllReduce", seq=1, bytes=8, exec_us=1.0)  # fmt: skip
+    path = tmp_path / "t.jsonl"
+    with TraceWriter(path) as w:
+        for i in range(0, 40, 4):
+            w.write([_ev(i), _ev(i + 1), _ev(i + 2), _ev(i + 3)])
+        w.write_raw(b'{"kind":"op","v":1}')
+    bad: list[BadLine] = []
+    batches = list(open_sources([path], blocks=True, on_bad=bad.append))
+    assert all(b.block is not None for b in batches)
+    got = [e for b in batches for e in b.events]
+    want = list(iter_source_events(path))
+    assert sorted(map(encode_message, got)) == sorted(map(encode_message, want))
+    assert [e.ts_us // 4000 for e in got] == [e.ts_us // 4000 for e in want]  # line order
+    assert [x.lineno for x in bad] == [11] and "missing required field" in bad[0].reason
+    with TraceWriter(path) as w:
+        w.write([_ev(1)])
+        w.write([big])
+    batches = list(open_sources([path], blocks=True))
+    assert [(b.block, list(b.events)) for b in batches] == [(None, [_ev(1)]), (None, [big])]

@@ -214,28 +214,37 @@ def test_a_reader_that_knows_only_op_and_progress_refuses_the_message_with_a_rea
     assert all(isinstance(x, EventDecodeError) and "summary" in str(x) for x in items)
 
 
-def test_expand_gives_the_slow_connection_matrix_the_raw_sums() -> None:
-    """The per-peer totals on the carrier sample: the matrix of a window of summaries
-    equals the matrix of the raw collectives."""
+def test_the_summaries_give_the_slow_connection_matrix_the_raw_sums() -> None:
+    """The per-peer totals, folded by the pipeline (the worker's fold): the matrix of a
+    window of summaries equals the matrix of every raw collective, whatever the seqs of
+    the samples (the detector's 1-in-2 sampling by seq applies to raw collectives, not
+    to totals: a total with an odd-seq sample once lost its window's traffic), and the
+    samples carry no connections of their own (counted in the totals)."""
+    from streams.core import DetectionPipeline
+    from streams.core.config import DetectConfig
+
     rng = np.random.default_rng(11)
     raw = [ev for rank in range(4) for ev in _ops(rank, 300, rng)]
     st = ExpandStats()
-    events = [e for m in summarised([raw[i : i + 100] for i in range(0, len(raw), 100)], 16)
-              for e in expand(m, st)]  # fmt: skip
-    assert st.uncarried == 0 and st.carried == 12 == st.summaries  # 3 windows x 4 ranks
-
-    def cells(evs: list) -> dict[tuple[int, int], tuple[float, float]]:
-        m: dict[tuple[int, int], list[float]] = {}
-        for e in evs:
-            for c in e.conns or ():
-                if c.dir == "send":
-                    acc = m.setdefault((e.rank, c.peer), [0.0, 0.0])
-                    acc[0] += c.bytes
-                    acc[1] += c.time_us or 0.0
-        return {k: (b, pytest.approx(t, rel=1e-9)) for k, (b, t) in m.items()}
-
-    assert cells(events) == cells(raw)
-    assert len(events) < len(raw) / 10
+    p = DetectionPipeline(detect=DetectConfig(conn_sample_every=2))
+    msgs = list(summarised([raw[i : i + 100] for i in range(0, len(raw), 100)], 16))
+    for m in msgs:
+        p.feed(expand(m, st), [r for r in m if isinstance(r, SummaryEvent)])
+    p.feed([])  # nothing: the open slice stays open
+    assert st.summaries == 12  # 3 windows x 4 ranks
+    assert not any(e.conns for m in msgs for e in expand(m))
+    p._flush("j", p.lanes["j"])  # observe the slice: its summaries are folded after it
+    sc = next(d for d in p.detectors["0xc"].detectors if d.name == "slow_conn")
+    want = DetectionPipeline(detect=DetectConfig(conn_sample_every=1))
+    want.feed(raw)
+    want._flush("j", want.lanes["j"])
+    sc_raw = next(d for d in want.detectors["0xc"].detectors if d.name == "slow_conn")
+    cells, ref = sc.matrix.cells, sc_raw.matrix.cells
+    assert cells.keys() == ref.keys() and len(ref) == 12
+    for key, (b, t) in ref.items():
+        assert cells[key][0] == b and cells[key][1] == pytest.approx(t, rel=1e-9)
+    assert sc.conn_bytes / sc.conn_n == pytest.approx(sc_raw.conn_bytes / sc_raw.conn_n)
+    assert p.summary_evidence.folded_totals == 12
     assert ConnMatrix  # the detector that reads these sums (streams/core/slow_conn.py)
 
 
@@ -252,7 +261,7 @@ def test_a_window_without_a_sample_is_held_then_forced_out() -> None:
     (recs, marks), = s.flush().values()  # fmt: skip
     assert marks == {"file": 1} and _summary(recs).count == len(ops)
     st = ExpandStats()
-    assert expand(recs, st) == [] and st.uncarried == 1  # totals with no carrier: counted
+    assert expand(recs, st) == [] and st.summaries == 1  # its totals: summary evidence
 
 
 def test_a_summarised_trace_reads_back_as_its_expanded_events(tmp_path: Path) -> None:

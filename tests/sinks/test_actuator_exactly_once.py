@@ -294,3 +294,48 @@ def test_sigkill_after_the_drain_repeats_no_drain_on_real_slurm(
     assert stderr.count("RECOVERED") == 1  # the last run resolved the last one
     print(f"\nslurm: {len(nodes)} drains, {kills} SIGKILLs between drain and record, "
           f"{len(drains)} scontrol update calls")  # fmt: skip
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(120)
+def test_a_report_is_on_the_broker_before_its_command_is_done(
+    kafka_bootstrap: str, make_topics: Callable[..., dict[str, str]], tmp_path: Path
+) -> None:
+    """The next command may be the one during which the actuator is killed: the report
+    of the one before must be on ``c4.actions`` already, and its command not committed
+    before that (a report still queued in the producer was lost to a SIGKILL once)."""
+    from c4base.metrics import NullMetrics
+    from c4base.progress import Progress
+    from c4base.runtime import Record
+    from sinks.actuator.consumer import ActuatorHandler, RunStats
+    from sinks.actuator.outcomes import OutcomePublisher
+
+    topics = make_topics({"actions": 1})
+    tmpl, _, _ = recorder(tmp_path)
+    progress = Progress()
+
+    class Ctx:
+        def hold(self, rec: Record) -> Any:
+            return progress.hold(rec)
+
+        def dead_letter(self, rec: Record, reason: str) -> None:
+            raise AssertionError(reason)
+
+    slow = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 30_000})
+    cfg = ActuatorConfig(execute=True, attempts=1)
+    with Ledger(tmp_path / "ledger.sqlite3") as led:
+        actuator = Actuator(cfg, CommandBackend(CommandSettings(template=tmpl)), led)
+        handler = ActuatorHandler(
+            actuator, RunStats(), NullMetrics(), OutcomePublisher(slow, topics["actions"])
+        )
+        rec = Record("c4.isolations", 0, 7, b"node001", encode_command(command(1)))
+        handler.handle(rec, Ctx())
+        progress.handled(rec)
+        assert progress.committable({}) == {("c4.isolations", 0): 8}  # delivered: no hold
+        # read back within 3 s (the linger is 30 s), the actuator's producer left open
+        c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex,
+                      "auto.offset.reset": "earliest"})  # fmt: skip
+        c.subscribe([topics["actions"]])
+        reports = [json.loads(m.value()) for m in c.consume(10, 3.0) if m.error() is None]
+        c.close()
+    assert [(r["command_id"], r["status"]) for r in reports] == [("c4-x1", "done")]

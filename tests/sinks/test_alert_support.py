@@ -58,6 +58,8 @@ class WebhookServer:
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 length = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(length)
+                if len(body) < length:  # the client died mid-request: a server drops it
+                    return
                 parts = urlsplit(self.path)
                 with server._lock:
                     if time.monotonic() < server.down_until:

@@ -233,3 +233,27 @@ def test_rewind_reads_the_lost_records_again_and_commits_nothing_past_them(
     assert h.seen == [0, 1, 2, 3, 4, 5, 3, 4, 5, 6]
     assert stats.deadlettered == 0 and stats.retries == 1
     assert _committed(kafka_bootstrap, r.cfg.group, topic) == len(values)
+
+
+class RefuseAll(BaseHandler):
+    def handle(self, rec: Record, ctx: Context) -> None:
+        raise PermanentError("refused for good")
+
+
+@pytest.mark.timeout(60)
+def test_a_big_dead_letter_names_the_original_size_and_hash(kafka_bootstrap: str) -> None:
+    """One bound for every dead letter (DeadLetter.of): the sinks' runtime used to cut a
+    payload at 512 KiB first, so a 700 KB message's letter named 512 KiB as its size and
+    the hash of the head, and nobody could find the original by it."""
+    import hashlib
+
+    topic, dl = _topics(kafka_bootstrap)
+    big = bytes(range(256)) * (700_000 // 256)
+    _produce(kafka_bootstrap, topic, [big])
+    stats = _runner(kafka_bootstrap, topic, dl, RefuseAll(), exit_when_idle_s=1.0).run()
+    assert stats.deadlettered == 1
+    (letter,) = _letters(kafka_bootstrap, dl, 1)
+    assert letter.truncated and letter.payload() == big[: len(letter.payload())]
+    assert letter.payload_bytes == len(big)
+    assert letter.payload_sha256 == hashlib.sha256(big).hexdigest()
+    assert letter.reason == "refused for good"

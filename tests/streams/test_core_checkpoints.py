@@ -131,7 +131,12 @@ def test_router_dead_letters_a_forged_checkpoint_and_starts_afresh(tmp_path: Pat
     verdict = Verdict(id="x", ts_us=1, job="j", comm="c", host="h", fault="straggler",
                       score=0.5, reason="r", window_start_us=0, window_end_us=1)  # fmt: skip
     out2 = runner.process([Record("v", 0, 1, None, encode_verdict(verdict), 1)])
-    assert [d.source for d in out2.deadletters] == ["checkpoint:correlator-0"]
+    # the partition's record of the form before, then the job's own: both refused
+    job_key = runner.key(0, "j").decode()
+    assert [d.source for d in out2.deadletters] == [
+        "checkpoint:correlator-0",
+        f"checkpoint:{job_key}",
+    ]
     assert not marker.exists()
 
 
@@ -161,11 +166,11 @@ def test_schema_1_checkpoints_of_this_release_are_migrated(
 ) -> None:
     """Comm, straggler, slow-connection and correlator checkpoints of schema 1 load (the
     fields schema 2 added start afresh) and the communicator goes on judging."""
-    from streams.core.correlate import _SCHEMA as COR_SCHEMA
+    from streams.core.correlate_state import SCHEMA as COR_SCHEMA
     from streams.core.slow_conn import SlowConnDetector
     from streams.core.straggler import StragglerDetector
 
-    assert COMM_SCHEMA == 2 and COR_SCHEMA == 2
+    assert COMM_SCHEMA == 2 and COR_SCHEMA == 3
     d = next(iter(detectors.values()))
     old = _as_schema_1(d.to_bytes(), "comm", 4)
     back = CommDetector.from_bytes(old, DetectConfig())
@@ -178,8 +183,13 @@ def test_schema_1_checkpoints_of_this_release_are_migrated(
             again = StragglerDetector.load(v1, DetectConfig())
             assert again.aligner.window_n_seqs == 0 and not again.long.any()
         if isinstance(det, SlowConnDetector):
-            again2 = SlowConnDetector.load(_as_schema_1(det.dump(), "slow_conn", 2), DetectConfig())
+            # schema 3 added the window's parts (4 fields) after schema 2's two
+            again2 = SlowConnDetector.load(_as_schema_1(det.dump(), "slow_conn", 6), DetectConfig())
             assert again2.conn_n == 0
+            body = msgspec.msgpack.decode(det.dump()[4:])[2][:-4]
+            v2 = SlowConnDetector.load(ck.MAGIC + msgspec.msgpack.encode(["slow_conn", 2, body]),
+                                       DetectConfig())  # fmt: skip
+            assert v2.conn_n == det.conn_n and v2.matrix.shift == 0  # one part: its mean
     c = HostCorrelator(PolicyConfig())
-    old_c = _as_schema_1(c.to_bytes(), "correlator", 2)
+    old_c = _as_schema_1(c.to_bytes(), "correlator", 3)  # schema 3's job field too
     assert HostCorrelator.from_bytes(old_c, PolicyConfig()).families.pairs == {}

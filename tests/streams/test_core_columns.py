@@ -1,5 +1,7 @@
-"""The core's columnar ingest: ``observe_columns`` gives what ``observe`` gives for the
-same events — verdicts, and the state itself (checkpoint bytes)."""
+"""The core's one way in, columns, from either input kind: events read as objects (a
+JSON trace, the simulator: :class:`streams.core.columns.EventRows` at the edge) and the
+same events read as Arrow columns give the same verdicts and the same state
+(checkpoint bytes)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from producers.columnar import decode_arrow, encode_arrow
 from producers.events import Event
 from producers.simulator import SCENARIOS, FaultSpec, simulate
 from streams.core import CommDetector, DetectConfig, DetectionPipeline
+from streams.core.columns import PartsBlock
 from streams.verdicts import encode_verdict
 
 SIM = msgspec.structs.replace(
@@ -30,7 +33,9 @@ def trace() -> list[list[Event]]:
     return [b for b in simulate(SIM) if b]
 
 
-def test_observe_columns_equals_observe_verdicts_and_state(trace: list[list[Event]]) -> None:
+def test_objects_and_arrow_columns_give_the_same_verdicts_and_state(
+    trace: list[list[Event]],
+) -> None:
     cfg = DetectConfig()
     by_obj: dict[str, CommDetector] = {}
     by_col: dict[str, CommDetector] = {}
@@ -42,17 +47,17 @@ def test_observe_columns_equals_observe_verdicts_and_state(trace: list[list[Even
         b = by_col.setdefault(comm, CommDetector(comm, cfg))
         got_obj += [encode_verdict(v) for v in a.observe(batch)]
         (cols,) = decode_arrow(encode_arrow(batch))
-        got_col += [encode_verdict(v) for v in b.observe_columns(cols)]
+        got_col += [encode_verdict(v) for v in b.observe(cols)]
     assert got_obj, "the faults give verdicts"
     assert got_col == got_obj
     assert all(by_col[c].to_bytes() == by_obj[c].to_bytes() for c in by_obj)
 
 
-def test_pipeline_fed_columns_decides_like_fed_objects(trace: list[list[Event]]) -> None:
+def test_pipeline_fed_arrow_columns_decides_like_fed_objects(trace: list[list[Event]]) -> None:
     a, b = DetectionPipeline(), DetectionPipeline()
     for batch in trace:
         a.feed(batch)
-        b.feed_columns(decode_arrow(encode_arrow(batch)))
+        b.feed_block(PartsBlock(decode_arrow(encode_arrow(batch))))
     a.finish()
     b.finish()
     assert a.commands, "the faults are isolated"

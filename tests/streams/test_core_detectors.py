@@ -7,9 +7,9 @@ import pytest
 
 from producers.events import Conn, OpEvent, ProgressEvent
 from streams.core import CommDetector, DetectConfig, HostCorrelator, PolicyConfig
+from streams.core.aligner import SeqAligner, _row_median
 from streams.core.slow_conn import ConnMatrix
 from streams.core.stats import robust_z
-from streams.core.straggler import SeqAligner, _row_median
 
 T0 = 1_750_000_000_000_000
 CFG = DetectConfig(warmup_us=0)

@@ -5,7 +5,6 @@ data is judged, or reported "late by N s", never dropped in silence."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -19,7 +18,14 @@ from streams.app.detect_runner import CommRouter
 from streams.app.engine import CoreEngine
 from streams.app.settings import WorkerConfigError, load_worker_config
 from streams.app.watermark import Watermark, encode_watermark
-from streams.core import DetectionPipeline, HostCorrelator, PolicyConfig, checkpoint, correlate
+from streams.core import (
+    DetectionPipeline,
+    HostCorrelator,
+    PolicyConfig,
+    checkpoint,
+    correlate_state,
+)
+from streams.core.columns import EventColumnsLike
 from streams.core.correlate import LateEvidence
 from streams.verdicts import Verdict, encode_verdict
 
@@ -98,9 +104,9 @@ def test_per_job_clocks_survive_a_checkpoint_and_an_old_checkpoint_is_read() -> 
     back = HostCorrelator.from_bytes(c.to_bytes(), PolicyConfig())
     assert back.clock == c.clock and back.now == T0 + 2 * W
     # a checkpoint written before per-job clocks had one "now" for everything
-    state = msgspec.structs.replace(correlate._state_of(c), clock={})
+    state = msgspec.structs.replace(correlate_state.state_of(c), clock={})
     old = HostCorrelator.from_bytes(
-        checkpoint.encode("correlator", correlate._SCHEMA, state), PolicyConfig()
+        checkpoint.encode("correlator", correlate_state.SCHEMA, state), PolicyConfig()
     )
     assert old.clock == {"a": T0 + 2 * W, "b": T0 + 2 * W}
 
@@ -154,7 +160,8 @@ class _Recorder:
     def __init__(self, log: list, comm: str) -> None:
         self.log, self.comm = log, comm
 
-    def observe(self, events: Sequence[Event]) -> list[Verdict]:
+    def observe(self, cols: EventColumnsLike) -> list[Verdict]:
+        events = cols.to_events()
         self.log.append(("observe", self.comm, [e.ts_us for e in events]))
         return []
 

@@ -268,7 +268,9 @@ def test_a_pipeline_pair_sends_its_ends_and_cells_for_its_replicas() -> None:
 def test_the_hang_threshold_covers_a_rare_long_normal_wait_and_forgets_a_one_off() -> None:
     """A pipeline pair waits a whole bubble (3 s) once a step, among many short
     transfers: 4x its p90 would call that a hang; 1.5x the recent peak does not. The
-    peak decays (a checkpoint's one long collective is forgotten within minutes)."""
+    peak decays in time and in collectives, whichever is slower: a checkpoint's one
+    long collective is forgotten within minutes of collectives, while a wait that
+    recurs once a step is remembered over steps, however long they are."""
     from streams.core.stats import NormalModel
 
     m = NormalModel()
@@ -277,8 +279,29 @@ def test_the_hang_threshold_covers_a_rare_long_normal_wait_and_forgets_a_one_off
         m.learn_periods(np.array([20_000.0] * 10))
         m.note_peak(3_000_000.0 if k % 10 == 0 else 5_000.0, T0 + k * 100_000)
     assert m.hang_threshold_us(2_500_000, 4.0) > 1.4 * 3_000_000  # the bubble, with margin
-    m.note_peak(5_000.0, T0 + 20_000_000 + 600_000_000)  # ten minutes later
+    m.note_peak(5_000.0, T0 + 20_000_000 + 600_000_000)  # ten minutes of silence
+    assert m.hang_threshold_us(2_500_000, 4.0) > 1.4 * 3_000_000  # no collective: kept
+    for k in range(300):  # then ten minutes of short collectives (3,000 kernel times)
+        m.learn_ops(np.array([5_000.0] * 10))
+        m.note_peak(5_000.0, T0 + 620_000_000 + k * 2_000_000)
     assert m.hang_threshold_us(2_500_000, 4.0) == 2_500_000
+
+
+def test_the_recent_peak_spans_long_steps() -> None:
+    """One bubble per 60-s step, 16 transfers per step: after one step without it the
+    threshold still covers it (decaying by time alone, e per minute, it would not)."""
+    from streams.core.stats import NormalModel
+
+    m = NormalModel()
+    t = T0
+    for _step in range(3):
+        for k in range(16):
+            big = k == 0
+            m.learn_ops(np.array([20_000_000.0 if big else 500_000.0] * 2))
+            m.learn_periods(np.array([3_750_000.0] * 2))
+            m.note_peak(20_000_000.0 if big else 500_000.0, t)
+            t += 3_750_000
+    assert m.hang_threshold_us(2_500_000, 4.0) >= 1.4 * 20_000_000
 
 
 @pytest.mark.timeout(10)
@@ -289,3 +312,96 @@ def test_the_warm_up_waits_for_the_first_collectives_of_a_slow_communicator() ->
     assert not det.view.warm()  # 10 s and one collective: its normal is not learned
     _slow_steps(det, 46_000_000, 6)
     assert det.view.warm()
+
+
+def test_a_posted_send_holds_nobody_up_a_waiting_recv_does() -> None:
+    """In a pipeline pair the sender of collective 8 waits in its Send while the
+    receiver, busy with another microbatch, has not posted its Recv: nobody is blocked,
+    no hang. The same counters with the waiting rank in a Recv: the sender is behind."""
+    from streams.core.hang import judge_hang
+    from streams.core.ranks import RankTable
+
+    t = RankTable(2)
+    t.started[:] = [8, 7]
+    t.completed[:] = [7, 7]
+    t.inflight_us[:] = [9e6, 0]
+    t.prog_recv[:] = 100
+    t.last_recv[:] = 100
+    kw = dict(now=100, thr_us=2e6, silent_us=3_000_000, min_waiting_frac=0.5,
+              max_culprit_frac=0.5)  # fmt: skip
+    assert judge_hang(t, sending=np.array([True, False]), **kw) is None
+    f = judge_hang(t, sending=np.array([False, False]), **kw)
+    assert f is not None and f.kind == "noncomm" and f.culprits.tolist() == [1]
+    # both posted and nothing moves: a communication hang, the sender included
+    t.started[:] = [8, 8]
+    t.inflight_us[:] = [9e6, 9e6]
+    f = judge_hang(t, sending=np.array([True, False]), **kw)
+    assert f is not None and f.kind == "comm"
+
+
+def test_a_pair_is_judged_against_replica_notes_that_come_later() -> None:
+    """Windows close by collectives, so the replicas' notes of the same time carry
+    window starts of their own and may come after the first look: a first look with
+    too few replicas must not stick."""
+    from streams.core.family import Families
+    from streams.core.findings import PairWait
+
+    f = Families()
+    t0 = 1_000_000_000
+
+    def note(r: int, exec0: float) -> None:
+        f.observe_pair("j", f"pp{r}", t0 + 5_000_000 + r * 1_000, t0 + r * 7_000,
+                       PairWait(hosts=[f"a{r}", f"b{r}"], gpus=[0, 0], exec_ms=[exec0, 4.0],
+                                period_ms=20.0))  # fmt: skip
+
+    note(0, 9.0)  # 5 ms more per transfer than its replicas
+    assert f.waited("j", "a0", 0, t0 + 5_000_000) == []  # nobody to compare with yet
+    for r in range(1, 6):
+        note(r, 4.0 + 0.01 * r)
+    got = f.waited("j", "a0", 0, t0 + 5_000_000)
+    assert [w.peer_host for w in got] == ["b0"]
+
+
+@pytest.mark.timeout(10)
+def test_a_gpu_whose_pipeline_link_is_slow_is_its_victim_not_a_straggler() -> None:
+    """The link a4 -> b4 of replica 4 moves 40 % of its replicas': b4 GPU 0 gets its
+    microbatches late, starts its next one late and arrives last in its own
+    data-parallel ring. The link is isolated; b4 is the link's victim (its pair runs
+    through a component found slow), not a straggler."""
+    c = HostCorrelator(PolicyConfig())
+    vs = []
+    for w in (1, 2, 3):
+        vs += [_pair(r, w, 5.0, 60.0 + r * 0.3) for r in range(6)]  # ends as their replicas
+        for r in range(6):
+            fwd = 10.0 if r == 4 else 24.8 + 0.01 * r
+            vs.append(_cells(f"pp{r}", w, [(f"a{r}", f"b{r}", fwd), (f"b{r}", f"a{r}", 24.9)]))
+        vs.append(_straggler("b4", 0, w))
+    cmds = _feed(c, vs)
+    assert [(x.host, x.fault) for x in cmds] == [("a4", "slow_link")]
+    # the same straggler evidence beside a healthy link is isolated (the rule, not the
+    # evidence, cleared it)
+    healthy = [v for v in vs if not (v.comm == "pp4" and v.evidence.get("role") == "cells")]
+    cmds = _feed(HostCorrelator(PolicyConfig()), healthy)
+    assert [(x.host, x.gpu, x.fault) for x in cmds] == [("b4", 0, "straggler")]
+
+
+def _late(window: int, last_frac: float, collectives: int, intermittent: bool) -> Verdict:
+    v = _straggler("n1", 5, window)
+    ev = {**v.evidence, "last_frac": last_frac, "collectives": collectives,
+          "intermittent": intermittent, "step_share": 0.03}  # fmt: skip
+    return Verdict(**{**{f: getattr(v, f) for f in v.__struct_fields__}, "evidence": ev,
+                      "id": f"{v.id}{intermittent}"})  # fmt: skip
+
+
+@pytest.mark.timeout(10)
+def test_a_gpu_late_on_a_minority_of_steps_reads_intermittent_whichever_rule_fired() -> None:
+    """At 0.1-s steps a run of slow steps fills a window (the per-window rule fires,
+    last in 65 % of it) beside the decayed evidence (last in 30 % of 800): over its
+    evidence it arrived last in a minority of collectives, so the reason says
+    intermittent. A GPU last in 90 % of every window is a plain straggler."""
+    [cmd] = _feed(HostCorrelator(PolicyConfig()),
+                  [_late(1, 0.65, 100, False), _late(2, 0.3, 800, True)])  # fmt: skip
+    assert "n1 GPU 5 is intermittently late: it arrived last in 34% of 900" in cmd.reason
+    [cmd] = _feed(HostCorrelator(PolicyConfig()),
+                  [_late(1, 0.9, 100, False), _late(2, 0.9, 100, False)])  # fmt: skip
+    assert "n1 GPU 5 is a straggler: it arrived last in 90% of 200" in cmd.reason

@@ -71,7 +71,7 @@ def _run(
         if grouped:
             verdicts = [v for vs in observe_many(items, group) for v in vs]
         else:
-            verdicts = [v for d, c in items for v in d.observe_columns(c)]
+            verdicts = [v for d, c in items for v in d.observe(c)]
         now = max(e.ts_us for evs in part for e in evs)
         verdicts += [v for d in dets.values() for v in d.advance(now)]
         got += [encode_verdict(v) for v in verdicts]

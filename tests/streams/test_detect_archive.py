@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from producers.columnar import events_table as contract_table
-from producers.formats.parquet_archive import BlockColumns
+from producers.columnar.blocks import BlockColumns
 from producers.simulator import SCENARIOS, FaultSpec, write_trace
 from producers.sources import open_source, open_sources, sniff
 from producers.traces import BadLine, TraceLine, read_trace
@@ -24,6 +24,7 @@ from sinks.archive.tables import MessageSources, events_table
 from sinks.archive.writer import DatasetWriter, RollPolicy
 from streams.commands import decode_command
 from streams.core import DetectionPipeline
+from streams.core.columns import PartsBlock
 from streams.detect import run_detect
 
 
@@ -108,7 +109,7 @@ def test_archive_gives_the_same_commands_as_the_trace(trace: Path, tmp_path: Pat
 
 def _decide(events_dir: Path, blocks: bool) -> tuple[list[bytes], int]:
     """Verdicts and commands of the pipeline fed the archive message by message
-    (``feed_columns``) or a block of messages at a time (``feed_block``)."""
+    (each message a part) or a block of messages at a time."""
     pipe = DetectionPipeline()
     n_blocks = 0
     for b in open_sources([events_dir], blocks=blocks):
@@ -117,7 +118,7 @@ def _decide(events_dir: Path, blocks: bool) -> tuple[list[bytes], int]:
             pipe.feed_block(b.block)
         else:
             assert b.columns is not None
-            pipe.feed_columns(b.columns)
+            pipe.feed_block(PartsBlock(b.columns))
     pipe.finish()
     out = [msgspec.json.encode(v) for v in pipe.verdicts]
     return out + [msgspec.json.encode(c) for c in pipe.commands], n_blocks

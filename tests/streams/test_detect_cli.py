@@ -74,3 +74,33 @@ def test_detect_unreadable_input_fails_clearly(tmp_path: Path) -> None:
     r = _run(str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o.jsonl"))
     assert r.returncode == 2
     assert "nope.jsonl" in r.stderr and "no such file" in r.stderr
+
+
+def test_the_table_names_components_as_the_demo_does() -> None:
+    """A NIC fault reads "NIC mlx5_1" (not "GPU 1, mlx5_1"), a straggler "GPU 5"."""
+    from rich.console import Console
+
+    from streams.commands import IsolationCommand
+    from streams.detect import DetectResult, summary_table
+
+    def cmd(fault: str, gpu: int | None, nic: str | None) -> IsolationCommand:
+        return IsolationCommand(
+            id=fault,
+            ts_us=1,
+            job="j",
+            host="node-001",
+            gpu=gpu,
+            nic=nic,
+            fault=fault,
+            action="cordon",
+            confidence=0.9,
+            reason="r",
+            evidence={},
+        )
+
+    res = DetectResult(commands=[cmd("slow_nic", 1, "mlx5_1"), cmd("straggler", 5, None)])
+    console = Console(width=200, record=True)
+    console.print(summary_table(res))
+    text = console.export_text()
+    assert "NIC mlx5_1" in text and "GPU 5" in text
+    assert "GPU 1" not in text

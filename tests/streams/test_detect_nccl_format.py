@@ -1,7 +1,7 @@
 """``c4stream detect`` on NCCL-backend Flight Recorder dumps of an 8-rank tensor ×
-pipeline × data parallel job, written from PyTorch's format for dump versions 2.3, 2.4
-and 2.10, pickle and JSON (tools/fr_capture/nccl_format.py; not captured: no GPU
-here). Truth and dump times from the fixtures' ``manifest.json``."""
+pipeline × data parallel job, written from PyTorch's format for dump versions 1.4 and
+2.2 (pickle), 2.3, 2.4, 2.7 and 2.10 (pickle and JSON) (tools/fr_capture/nccl_format.py; not
+captured: no GPU here). Truth and dump times from the fixtures' ``manifest.json``."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ from streams.detect import DetectResult, run_detect
 
 DATA = Path(__file__).parents[1] / "producers" / "data" / "nccl_format"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
-VERSIONS = ["v2.3", "v2.4", "v2.10"]
+VERSIONS = ["v1.4", "v2.2", "v2.3", "v2.4", "v2.7", "v2.10"]
 FORMATS = ["pickle", "json"]
+PICKLE_ONLY = {"v1.4", "v2.2"}
+VERSION_FORMATS = [
+    (v, f) for v in VERSIONS for f in FORMATS if v not in PICKLE_ONLY or f == "pickle"
+]
 HANGS = ["crash", "wedged", "dp-hang", "pp-hang"]
 
 
@@ -42,8 +46,7 @@ def _detect(path: Path, tmp_path: Path) -> tuple[DetectResult, list]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(("version", "fmt"), VERSION_FORMATS)
 @pytest.mark.parametrize("case", HANGS)
 def test_culprit_named_and_nobody_else_isolated(
     case: str, version: str, fmt: str, tmp_path: Path
@@ -60,8 +63,7 @@ def test_culprit_named_and_nobody_else_isolated(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(("version", "fmt"), VERSION_FORMATS)
 @pytest.mark.parametrize("case", HANGS)
 def test_without_a_dump_time_only_alerts(case: str, version: str, fmt: str, tmp_path: Path) -> None:
     res, _ = _detect(_copy(case, version, fmt, tmp_path, dump_time=False), tmp_path)
@@ -104,6 +106,24 @@ def test_groups_by_name_local_pg_ids_and_absent_ranks(tmp_path: Path) -> None:
     crash = _copy("crash", "v2.3", "pickle", tmp_path, dump_time=True)
     _, facts = read_snapshot_with_facts(sorted(crash.iterdir()), job="j")
     assert facts.absent == {5: "no dump"} and facts.dump_time_known
+
+
+@pytest.mark.timeout(30)
+def test_old_layouts_read_as_the_new_one(tmp_path: Path) -> None:
+    """1.4 (seq_id, groups known only by their members), 2.2 (no pg_status) and 2.7
+    (the dump's ``nccl_version``) give the same groups and the same collectives as 2.4."""
+
+    def read(version: str) -> tuple[dict, set]:
+        src = _copy("dp-hang", version, "pickle", tmp_path / version, dump_time=True)
+        dumps = sorted(p for p in src.iterdir() if p.suffix != ".txt")
+        got, facts = read_snapshot_with_facts(dumps, job="j")
+        ops = {(e.rank, e.seq, e.op) for _, es in got for e in es if hasattr(e, "seq")}
+        return {tuple(g.members) for g in facts.groups.values()}, ops
+
+    groups, ops = read("v2.4")
+    for version in ("v2.2", "v1.4", "v2.7"):
+        g, o = read(version)
+        assert g == groups and o == ops and len(ops) > 30, version
 
 
 @pytest.mark.timeout(30)

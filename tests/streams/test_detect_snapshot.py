@@ -269,3 +269,18 @@ def test_inspector_2_30_layout_through_detect(tmp_path: Path) -> None:
     res = run_detect([DATA / "inspector_2_30"], tmp_path / "c.jsonl")
     assert (res.n_bad, res.n_events) == (0, 2 * 4 * 3 * 10)
     assert res.commands == []  # a healthy job
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", ["all_reduce_barrier", "all_gather_single", "all_gather_v"])
+def test_other_collective_names_end_without_the_member_too(name: str, tmp_path: Path) -> None:
+    """A collective named as PyTorch's analyzer lists them (``all_reduce_barrier``,
+    ``all_gather_single``…; torch/distributed/flight_recorder/components/types.py) cannot
+    complete without every member either: the copied after-timeout hang (no dump time)
+    still names rank 2, which never entered the world's collective 61."""
+    src = _snapshot("hang", "after_timeout", "json", tmp_path, mtimes=False)
+    for f in src.iterdir():
+        f.write_text(f.read_text().replace('"gloo:all_reduce"', f'"gloo:{name}"'))
+    res = run_detect([src], tmp_path / "c.jsonl")
+    assert [(c.host, c.action) for c in res.commands] == [("host-rank2", "cordon_and_taint")]
+    assert "61" in res.commands[0].reason

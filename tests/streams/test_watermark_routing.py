@@ -64,3 +64,34 @@ def test_one_verdicts_partition_gets_every_mark_as_before() -> None:
     assert {(w.partition, w.job, w.clock_us) for _, w in sent} == {
         (0, "x", 7), (1, "y", 9), (0, None, -1), (1, None, -1), (2, None, -1),
     }  # fmt: skip
+
+
+def test_a_mark_never_passes_a_verdict_queued_before_it() -> None:
+    """Agent ``detect`` and the timer emit concurrently: the timer's mark, queued after a
+    batch whose verdict is still on its way, must wait for it and count its offset (it
+    once went first, and the correlator dead-lettered such verdicts "late by" 10-30 s)."""
+
+    class _Sent:
+        def __init__(self, offset: int) -> None:
+            self.partition, self.offset = 0, offset
+
+    async def main() -> list[tuple[int, int]]:
+        out: list[Watermark] = []
+
+        async def send(part: int, key: bytes, value: bytes) -> None:
+            out.append(decode_watermark(value))
+
+        s = WatermarkSender("ev", 1, _Offsets(), send)
+        delivery: asyncio.Future[_Sent] = asyncio.get_running_loop().create_future()
+        batch = s.queue([0], {(0, "j"): 5_000_000})  # detect: one verdict in flight
+        timer = s.queue([0], {(0, "j"): 16_000_000})  # the timer, the lanes moved on
+        t_timer = asyncio.create_task(s.send_queued(timer, (), heartbeat=False))
+        t_batch = asyncio.create_task(s.send_queued(batch, [delivery], heartbeat=False))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert out == []  # neither goes before the verdict is on the broker
+        delivery.set_result(_Sent(31))
+        await asyncio.gather(t_timer, t_batch)
+        return [(w.clock_us, w.verdicts_offset) for w in out if w.job == "j"]
+
+    assert asyncio.run(main()) == [(5_000_000, 31), (16_000_000, 31)]

@@ -4,6 +4,7 @@ batches become dead letters with the reason."""
 from __future__ import annotations
 
 import struct
+import zlib
 
 import msgspec
 import pytest
@@ -58,7 +59,7 @@ def test_json_and_arrow_messages_give_byte_identical_decisions(batch: int) -> No
         return [
             Record(
                 "ev",
-                hash(b[0].comm) % 4,
+                zlib.crc32(b[0].comm.encode()) % 4,
                 i,
                 b[0].comm.encode(),
                 encode_arrow(b) if arrow else encode_message(b),
@@ -121,3 +122,20 @@ def test_bad_arrow_messages_among_good_ones_are_dead_lettered_and_the_rest_judge
         (4, ["ev[0]@0", "ev[0]@2", "ev[0]@4", "ev[0]@6"])
     ]
     assert r.close_slices().deadletters == []
+
+
+def test_a_batch_of_hostile_identities_is_previewed_without_harm() -> None:
+    """The batch's membership is read before admission (streams/app/membership.py), so
+    from rows the contract has not checked yet: GPUs of 2**31 - 1 and -5, a null and a
+    host name no contract allows must not break it (its keys are built from codes)."""
+
+    def who(rank: int, **kw: object) -> Event:
+        return msgspec.structs.replace(ev(1, rank=rank), nranks=4, **kw)
+
+    hostile = [who(0, gpu=2**31 - 1), who(1, gpu=-5), who(2, gpu=None), who(3, host="node-\u202e")]
+    r = router()
+    out = r.process([Record("ev", 0, i, b"0xa", encode_arrow([e]), None, CT)
+                     for i, e in enumerate(hostile)])  # fmt: skip
+    assert len(out.deadletters) + r.stats.events > 0  # judged or refused, not crashed
+    r.members.preview(None)  # an empty batch clears it
+    assert r.members._batch == {}

@@ -15,10 +15,10 @@ import pytest
 from producers.columnar import ARROW_CONTENT_TYPE, EventColumns, decode_block, encode_arrow
 from producers.events import Conn, Event, encode_message
 from producers.simulator import SCENARIOS, FaultSpec, simulate
-from streams.app import detect_runner
+from streams.app import comm_slices
 from streams.app.deadletter import Record
 from streams.core import CommDetector, DetectConfig
-from streams.core.comm import Cut
+from streams.core.cut import Cut
 from tests.streams.test_worker_arrow import _decide
 from tests.streams.test_worker_columns_admission import hb, op
 from tests.streams.test_worker_router import router
@@ -45,7 +45,7 @@ def records() -> list[Record]:
 def _spy(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> list[int]:
     """Counts the grouped cuts (and makes them fail when ``fail``)."""
     calls: list[int] = []
-    real = detect_runner.cut_many
+    real = comm_slices.cut_many
 
     def cut_many(parts: Any) -> list[Cut]:
         calls.append(len(parts))
@@ -53,7 +53,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> list[int]:
             raise RuntimeError("cut failed")
         return real(parts)
 
-    monkeypatch.setattr(detect_runner, "cut_many", cut_many)
+    monkeypatch.setattr(comm_slices, "cut_many", cut_many)
     return calls
 
 
@@ -64,7 +64,7 @@ def test_grouped_judging_equals_one_by_one_with_a_hang_and_a_straggler(
     calls = _spy(monkeypatch)
     grouped = _decide(records, batch)
     assert calls and max(calls) >= 4  # several communicators per slice were grouped
-    monkeypatch.setattr(detect_runner, "_GROUP_MIN", 10**9)  # every communicator alone
+    monkeypatch.setattr(comm_slices, "GROUP_MIN", 10**9)  # every communicator alone
     n = len(calls)
     alone = _decide(records, batch)
     assert len(calls) == n
@@ -87,7 +87,7 @@ def test_grouped_judging_leaves_the_same_detector_state(
     records: list[Record], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     grouped = _state(records, 200)
-    monkeypatch.setattr(detect_runner, "_GROUP_MIN", 10**9)
+    monkeypatch.setattr(comm_slices, "GROUP_MIN", 10**9)
     assert grouped == _state(records, 200)
 
 

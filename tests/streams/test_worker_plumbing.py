@@ -12,7 +12,6 @@ import hashlib
 import sys
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -23,11 +22,12 @@ if __name__ != "__main__":
 
 from c4base.deadletter import DeadLetter
 from c4base.kafka import KafkaConfig
-from producers.events import Event, OpEvent, encode_message
+from producers.events import OpEvent, encode_message
 from streams.app.checkpoint import join_checkpoint
 from streams.app.detect_runner import unwrap_state
 from streams.app.settings import WorkerConfig
 from streams.commands import IsolationCommand, decode_command
+from streams.core.columns import EventColumnsLike
 from streams.verdicts import Verdict
 
 # ----------------------------------------------------------------------- stand-in engine
@@ -44,7 +44,8 @@ class StandInDetector:
     def __init__(self, state: _DetState) -> None:
         self.state = state
 
-    def observe(self, events: Sequence[Event]) -> list[Verdict]:
+    def observe(self, cols: EventColumnsLike) -> list[Verdict]:
+        events = cols.to_events()
         out = []
         for ev in events:
             if isinstance(ev, OpEvent) and ev.op == "Boom":

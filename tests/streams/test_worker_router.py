@@ -5,7 +5,7 @@ dead letters; checkpoints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import zlib
 
 import msgspec
 import pytest
@@ -19,6 +19,7 @@ from streams.app.engine import CoreEngine
 from streams.app.runner import Output
 from streams.app.watermark import Watermark, encode_watermark
 from streams.core import DetectionPipeline
+from streams.core.columns import EventColumnsLike
 from streams.verdicts import Verdict, encode_verdict
 
 SIM = msgspec.structs.replace(
@@ -63,9 +64,11 @@ def test_router_and_correlator_decide_like_the_offline_pipeline(
 
     r = router()
     recs = [
-        Record("ev", hash(b[0].comm) % partitions, i, b[0].comm.encode(), encode_message(b))
+        Record("ev", zlib.crc32(b[0].comm.encode()) % partitions, i, b[0].comm.encode(),
+               encode_message(b))
         for i, b in enumerate(trace)
-    ]
+    ]  # fmt: skip
+    # (crc32: the same partitions in every run; hash() of a str changes per process)
     # Worst-case skew: each partition entirely, one after the other (a catch-up).
     recs.sort(key=lambda rec: rec.partition)
     verdicts: list[Verdict] = []
@@ -97,13 +100,32 @@ def test_router_and_correlator_decide_like_the_offline_pipeline(
     assert offline.commands and offline.commands[0].host == "node-002"
 
 
+def test_a_catch_up_batch_is_corroborated_as_one(trace: list[list[Event]]) -> None:
+    """A catch-up batch holds whole partitions one after another: the hung GPU's
+    communicator first, alone in its partition, then the job's others. Its verdicts are
+    judged before those others are read, and were alert-only ("the only one of the job
+    in which this worker saw node-002") although the same batch corroborates them."""
+    hung = sorted({b[0].comm for b in trace if any(e.host == "node-002" and e.gpu == 1 for e in b)})
+    assert len(hung) == 2
+    for first in hung:
+        r = router()
+        recs = [Record("ev", int(b[0].comm != first), i, b[0].comm.encode(), encode_message(b))
+                for i, b in enumerate(trace)]  # fmt: skip
+        recs.sort(key=lambda rec: rec.partition)
+        verdicts = r.process(recs).verdicts + r.close_slices().verdicts
+        hangs = [v for v in verdicts if v.fault == "noncomm_hang" and v.host == "node-002"
+                 and v.gpu == 1]  # fmt: skip
+        assert hangs and not any(v.benign for v in hangs) and r.stats.uncorroborated == 0
+
+
 class _Recorder:
     """Records what the router feeds it; raises on an op named Boom."""
 
     def __init__(self, log: list) -> None:
         self.log = log
 
-    def observe(self, events: Sequence[Event]) -> list[Verdict]:
+    def observe(self, cols: EventColumnsLike) -> list[Verdict]:
+        events = cols.to_events()
         if any(isinstance(e, OpEvent) and e.op == "Boom" for e in events):
             raise RuntimeError("boom")
         self.log.append(("observe", [e.ts_us for e in events]))
@@ -239,7 +261,7 @@ def test_verdicts_stream_in_like_agent_1_sends_them_and_decide_like_offline(
 
     r = router()
     recs = [
-        Record("ev", hash(b[0].comm) % partitions, i, b[0].comm.encode(), encode_message(b))
+        Record("ev", zlib.crc32(key := b[0].comm.encode()) % partitions, i, key, encode_message(b))
         for i, b in enumerate(trace)
     ]
     recs.sort(key=lambda rec: rec.partition)

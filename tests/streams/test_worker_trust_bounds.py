@@ -126,7 +126,8 @@ class _Accuser:
     def __init__(self, hosts: list[str]) -> None:
         self.ranks = type("T", (), {"_host_ix": {h: i for i, h in enumerate(hosts)}, "n": 0})()
 
-    def observe(self, events):
+    def observe(self, cols):
+        events = cols.to_events()
         return [Verdict(id="v", ts_us=events[-1].ts_us, job=events[0].job, comm=events[0].comm,
                         host="node-9", fault="noncomm_hang", score=0.9, reason="never joined",
                         window_start_us=0, window_end_us=1)]  # fmt: skip
@@ -160,8 +161,8 @@ def test_a_communicator_nobody_corroborates_is_alert_only() -> None:
     r = accusing_router(wall)
     (v,) = r.process([rec(0, [hb(1, 10, T0, job="invented")])], settle=[0]).verdicts
     assert v.benign and v.reason.startswith(
-        "not corroborated (communicator 0xa is the only one of job invented in which this "
-        "worker saw node-9); alert only."
+        "not corroborated (communicator 0xa of job invented: the only one of the job in "
+        "which this worker saw node-9); alert only."
     )
     assert r.stats.uncorroborated == 1
     # a second communicator of the job with the accused host in it corroborates
@@ -221,3 +222,172 @@ def test_idle_lanes_beyond_the_cap_are_checkpointed_evicted_and_restored() -> No
     assert sorted(table) == [b"0x0", b"0x1"]
     r.process([rec(9, [op(0, T0 + 9 * S, 2, comm="0x0", job="j0")])])  # it speaks again
     assert "0x0" in r.comms and r.stats.restored == 1
+
+
+def test_a_snapshot_header_is_inside_the_signature() -> None:
+    """A Flight Recorder snapshot's header (its id, part and the dumps' facts) decides how
+    the worker judges the message, so signing covers it: changed, added or taken off, the
+    signature fails."""
+    from c4base.signing import SNAPSHOT_HEADER, host_key, signed_event_headers
+    from streams.app.deadletter import Record
+
+    trust = EventTrust([MASTER])
+    value = b"[]"
+    snap = b'{"v":1,"id":"s","part":0,"parts":1}'
+    hs = dict(signed_event_headers(host_key(MASTER, "node-001"), "node-001", value,
+                                   [(SNAPSHOT_HEADER, snap)], fresh=(1, 2)))  # fmt: skip
+
+    def rec(snapshot: bytes | None) -> Record:
+        return Record("ev", 0, 0, None, value, signer=hs["c4-host"],
+                      signature=hs["c4-sig"], fresh=hs["c4-fresh"], snapshot=snapshot)  # fmt: skip
+
+    assert trust.of(rec(snap)) is None
+    for other in (snap.replace(b'"s"', b'"t"'), None):
+        assert "bad signature" in (trust.of(rec(other)) or "")
+
+
+def test_a_replay_after_a_restart_is_still_refused() -> None:
+    """The sequence numbers a worker accepted are checkpointed with its partition: the
+    worker that restarts (or takes the partition over) refuses a replay within the
+    freshness window; the same record read again at its own offset is no replay."""
+    table: dict[bytes, bytes] = {}
+
+    def worker() -> CommRouter:
+        return CommRouter(CoreEngine(), table.get, checkpoint_every_events=10**9,
+                          checkpoint_every_s=1e9, advance_every_us=250_000,
+                          clock=lambda: 0.0, epoch=lambda: T0 / 1e6 + 60,
+                          trust=fresh_trust())  # fmt: skip
+
+    r = worker()
+    first = signed(0, [op(0, T0, 10)], seq=1, ts_us=T0)
+    assert r.process([first]).deadletters == []
+    table.update({k: v for _, k, v in r.flush(drop=True).checkpoints})  # a clean stop
+    r2 = worker()
+    out = r2.process([dataclasses.replace(first, offset=7)])  # captured, re-sent
+    (dl,) = out.deadletters
+    assert dl.reason == "refused: replayed: node-0 already sent message seq 1"
+    assert r2.stats.events == 0 and r2.stats.restored == 0  # (no detector restored)
+    assert r2.process([first]).deadletters == []  # redelivered at its offset: read again
+
+
+class _Isolates:
+    """A host correlator that isolates the host of every verdict it observes."""
+
+    def observe(self, v: Verdict) -> list:
+        from streams.commands import IsolationCommand
+
+        return [IsolationCommand(id=v.id, ts_us=v.ts_us, job=v.job, host=v.host, fault=v.fault,
+                                 action="cordon_and_taint", confidence=1.0, reason="slow.",
+                                 evidence={})]  # fmt: skip
+
+    def advance(self, now_us: int, job: str) -> list:
+        return []
+
+    def to_bytes(self) -> bytes:
+        return b""
+
+
+class _CorEngine:
+    def new_correlator(self) -> _Isolates:
+        return _Isolates()
+
+    def load_correlator(self, data: bytes) -> _Isolates:
+        return _Isolates()
+
+
+def test_the_rails_across_jobs_hold_after_a_restart() -> None:
+    """A host isolated for one job is not isolated for another within the cool-down,
+    nor beyond the cap per hour, by a worker restarted in between: the rails are
+    checkpointed with their verdicts partition's correlator."""
+    from streams.app.correlate_runner import CorrelatorRunner, HostRails
+    from streams.verdicts import encode_verdict
+
+    table: dict[bytes, bytes] = {}
+    wall, epoch = [1000.0], [1.8e9]
+
+    def worker() -> CorrelatorRunner:
+        rails = HostRails(2, 600.0, clock=lambda: wall[0], epoch=lambda: epoch[0])
+        return CorrelatorRunner(_CorEngine(), table.get, checkpoint_every_events=10**9,  # type: ignore[arg-type]
+                                checkpoint_every_s=1e9, watermark_topic="wm",
+                                clock=lambda: wall[0], host_rails=rails)  # fmt: skip
+
+    def verdict(i: int, job: str, host: str) -> Record:
+        v = Verdict(id=f"v{i}", ts_us=T0, job=job, comm="c", host=host, fault="straggler",
+                    score=0.9, reason="slow", window_start_us=0, window_end_us=1)  # fmt: skip
+        return Record("v", 0, i, None, encode_verdict(v), T0)
+
+    r = worker()
+    r.process([verdict(0, "a", "node-1"), verdict(1, "b", "node-2")])
+    out = r.flush(drop=True)
+    assert [c.action for c in out.commands] == ["cordon_and_taint"] * 2
+    table.update({k: v for _, k, v in out.checkpoints})
+    wall[0], epoch[0] = 1.0, epoch[0] + 30  # 30 s on; a new process's monotonic clock
+    r2 = worker()
+    r2.process([verdict(2, "c", "node-1"), verdict(3, "d", "node-3")])
+    c1, c3 = r2.flush().commands
+    assert c1.action == c3.action == "alert_only"
+    assert "node-1 was isolated for job a" in c1.reason
+    assert "2 isolating commands in the last hour across all jobs (cap 2" in c3.reason
+
+
+class _Learns:
+    """A detector with a real rank table (identities learned from its events) that
+    accuses ``host`` of a hang on every batch."""
+
+    def __init__(self, host: str) -> None:
+        from streams.core.ranks import RankTable
+
+        self.ranks, self.host = RankTable(0), host
+
+    def observe(self, cols):
+        events = cols.to_events()
+        for e in events:
+            self.ranks.grow(e.nranks)
+            self.ranks.learn_identity(e.rank, e.host, e.gpu, e.nic)
+        return [Verdict(id="v", ts_us=events[-1].ts_us, job=events[0].job, comm=events[0].comm,
+                        host=self.host, fault="noncomm_hang", score=0.9, reason="hung",
+                        window_start_us=0, window_end_us=1)]  # fmt: skip
+
+    def advance(self, now_us):
+        return []
+
+    def to_bytes(self):
+        return b""
+
+
+class _LearnsEngine:
+    def new_detector(self, comm):
+        return _Learns("node-1")
+
+
+def test_a_forged_communicator_inside_a_known_job_is_alert_only() -> None:
+    """Signing off: a forger invents communicator 0xf inside a real job, naming real
+    processes of it (node-k's GPU 0) and accusing node-1. The job is split two GPUs per
+    node (tensor parallel) inside a world communicator of 8 ranks: four ranks one per
+    node is no shape of the job, nor all of its processes, so 0xf is alert-only; the
+    real communicators' verdicts still isolate."""
+    r = CommRouter(_LearnsEngine(), lambda k: None, checkpoint_every_events=10**9,  # type: ignore[arg-type]
+                   checkpoint_every_s=1e9, advance_every_us=250_000,
+                   epoch=lambda: T0 / 1e6 + 60, clock=lambda: 0.0)  # fmt: skip
+
+    def ev(comm: str, rank: int, n: int, host: str, gpu: int, t: int) -> ProgressEvent:
+        return ProgressEvent(v=1, job="train", comm=comm, nranks=n, rank=rank, host=host,
+                             gpu=gpu, ts_us=T0 + t * S, started=t, completed=t)  # fmt: skip
+
+    def messages(t: int) -> list[Record]:
+        world = [ev("0xw", 2 * k + g, 8, f"node-{k}", g, t) for k in range(4) for g in range(2)]
+        tp = [[ev(f"0xt{k}", g, 2, f"node-{k}", g, t) for g in range(2)] for k in range(4)]
+        forged = [ev("0xf", k, 4, f"node-{k}", 0, t) for k in range(4)]
+        return [rec(10 * t + i, m) for i, m in enumerate([world, *tp, forged])]
+
+    r.process(messages(1), settle=[0])  # (each communicator's first batch: learned)
+    r.stats.uncorroborated = 0
+    out = r.process(messages(2), settle=[0])
+    by_comm = {v.comm: v for v in out.verdicts}
+    assert (
+        by_comm["0xf"].benign
+        and "its shape (4 ranks, 1/1/1/1 per host) is that of no other communicator of the job"
+        in by_comm["0xf"].reason
+    )
+    assert not by_comm["0xt1"].benign and not by_comm["0xw"].benign
+    assert r.stats.uncorroborated == 4  # 0xf, and the TP groups of nodes 0, 2, 3 (none on node-1)

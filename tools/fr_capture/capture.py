@@ -199,8 +199,8 @@ def _worker_3d(args: argparse.Namespace, rank: int) -> None:
     store = dist.TCPStore("127.0.0.1", args.port, args.world, rank == 0, timedelta(seconds=30))
     to = timedelta(seconds=args.timeout)
     device = "cpu"
-    if backend == "nccl":  # one GPU per rank (ranks beyond the GPUs share them round-robin)
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+    if backend == "nccl":  # one GPU per rank (checked in main)
+        torch.cuda.set_device(rank)
         device = "cuda"
     dist.init_process_group(backend, store=store, rank=rank, world_size=args.world, timeout=to)
     layout = _groups_3d(args.world)
@@ -384,6 +384,12 @@ def main() -> None:
         return
     if args.backend == "nccl" and args.layout != "3d":
         ap.error("--backend nccl runs the 3d layout")
+    if args.backend == "nccl":  # NCCL refuses two ranks of one group on one GPU
+        import torch  # optional dependency of this tool only
+
+        if torch.cuda.device_count() < args.world:
+            ap.error(f"--backend nccl needs {args.world} GPUs, one per rank; "
+                     f"torch sees {torch.cuda.device_count()}")  # fmt: skip
     if args.layout == "3d" and (args.world != 8 or args.case == "hang"):
         ap.error("--layout 3d runs 8 ranks and the cases " + ", ".join(CASES_3D))
     if args.layout == "groups" and args.case not in ("healthy", "hang", "straggler"):

@@ -51,7 +51,10 @@ def _for_analyzer(d: Path, dst: Path) -> None:
     config = {g.name: {"name": g.name, "desc": g.desc, "ranks": str(g.members)}
               for g in facts.groups.values()}  # fmt: skip
     dst.mkdir(parents=True)
-    for r, (_, dump) in dumps.items():
+    for r, (path, dump) in dumps.items():
+        if str(dump.get("version", "")).startswith("1."):  # as written: no upgrade
+            shutil.copyfile(path, dst / f"fr_rank_{r}")
+            continue
         if "" in (dump.get("pg_config") or {}):  # gloo's unusable pg_config
             dump = {**dump, "pg_config": config}
         dump.setdefault("entries", [])

@@ -5,7 +5,7 @@ published real NCCL dumps with a licence that allows committing them were found.
 are written field by field as PyTorch's writer lays them out (``getCollectiveTrace``,
 ``getPgConfig``/``getPgStatus`` and ``dump_json`` in
 ``torch/csrc/distributed/c10d/FlightRecorderDetail.hpp``, earlier ``FlightRecorder.hpp``
-and ``NCCLUtils.hpp``) for three dump versions:
+and ``NCCLUtils.hpp``) for these dump versions (1.4 and 2.2 too, below):
 
 * ``2.3`` (``NCCLUtils.hpp``'s ``NCCLTraceBuffer``): ``version``, ``pg_config``,
   ``pg_status``, ``entries`` (``record_id``, ``pg_id``, ``process_group``,
@@ -16,8 +16,12 @@ and ``NCCLUtils.hpp``) for three dump versions:
   ``nccl_trace_rank_<r>``;
 * ``2.4`` (``FlightRecorder.hpp``): the same keys, files ``_dump_<r>`` (a job's
   ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE=…/_dump_``);
-* ``2.10`` (``FlightRecorderDetail.hpp``): adds ``comm_lib_version``, ``thread_name``,
-  ``thread_id``; files ``comm_lib_trace_rank_<r>`` with a host name in the prefix.
+* ``2.7`` (``FlightRecorder.hpp``, ``FlightRecorder<EventType>``): adds the dump's
+  ``nccl_version`` (from 2.6, pytorch/pytorch#151048), written by ``get_dump`` after
+  ``pg_config``; files ``nccl_trace_rank_<r>``;
+* ``2.10`` (``FlightRecorderDetail.hpp``): ``comm_lib_version`` in place of
+  ``nccl_version``, adds ``thread_name``, ``thread_id``; files
+  ``comm_lib_trace_rank_<r>`` with a host name in the prefix.
 
 Pickle as the writer pickles (builtin dicts/lists/tuples, ``process_group`` a tuple,
 absent times ``None``); JSON as ``dump_json`` writes it (``pg_config``/``pg_status``
@@ -71,10 +75,22 @@ CASES = {
     "pp-hang": {"rank": 1, "step": 6, "before": "send", "dump": "full"},
 }
 VERSIONS = {
-    "2.3": {"name": "nccl_trace_rank_{r}", "extra": False},
-    "2.4": {"name": "_dump_{r}", "extra": False},
-    "2.10": {"name": "gpu-node{h}-comm_lib_trace_rank_{r}", "extra": True},
+    "1.4": {"name": "nccl_trace_rank_{r}", "formats": ("pickle",)},
+    "2.2": {"name": "nccl_trace_rank_{r}", "formats": ("pickle",)},
+    "2.3": {"name": "nccl_trace_rank_{r}"},
+    "2.4": {"name": "_dump_{r}"},
+    "2.7": {"name": "nccl_trace_rank_{r}", "lib": "nccl_version"},
+    "2.10": {
+        "name": "gpu-node{h}-comm_lib_trace_rank_{r}",
+        "lib": "comm_lib_version",
+        "threads": True,
+    },
 }
+"""Layouts that differ (docs/flight-recorder.md has the full table): 1.4 (``seq_id``,
+``pg_config`` {local pg_id: ranks}, no ``process_group``/``is_p2p``/dtypes/
+``timeout_ms``), 2.2 (no ``pg_status``), 2.3–2.5 (``pg_status``), 2.6–2.7
+(``nccl_version``), 2.10 (``thread_name``, ``thread_id``, ``comm_lib_version``). 1.4
+and 2.2 come as pickle only (the JSON dump is not in the 2.2 writer's source read)."""
 
 
 def groups() -> list[tuple[str, str, list[int]]]:
@@ -231,7 +247,7 @@ def write(out: Path, steps: int, ring: int) -> dict[str, Any]:
             "dump_time_ns": dump_ns,
         }
         for version, spec in VERSIONS.items():
-            for fmt in ("pickle", "json"):
+            for fmt in spec.get("formats", ("pickle", "json")):
                 d = out / case / f"v{version}" / fmt
                 d.mkdir(parents=True, exist_ok=True)
                 for r in range(WORLD):
@@ -239,7 +255,7 @@ def write(out: Path, steps: int, ring: int) -> dict[str, Any]:
                         continue
                     empty = bool(fault and r == fault["rank"] and fault["dump"] == "empty")
                     es = [] if empty else entries[r][-ring:]
-                    body = _dump(r, es, version, spec["extra"], fmt, _pg_status(r, es))
+                    body = _dump(r, es, version, spec, fmt, _pg_status(r, es))
                     name = spec["name"].format(r=r, h=r // 4) + (".json" if fmt == "json" else "")
                     (d / name).write_bytes(body)
         (out / case / "v2.4" / "pickle" / "train_rank_logs.txt").write_text(
@@ -250,30 +266,42 @@ def write(out: Path, steps: int, ring: int) -> dict[str, Any]:
 
 
 def _dump(
-    rank: int, es: list[dict[str, Any]], version: str, extra: bool, fmt: str, status: dict
+    rank: int, es: list[dict[str, Any]], version: str, spec: dict, fmt: str, status: dict
 ) -> bytes:
+    lib = spec.get("lib")  # the dump's library version key, if the version has one
     gs = [(n, d, rs) for n, d, rs in groups() if rank in rs]
     clean = []
     for e in es:
         e = {k: v for k, v in e.items() if not k.startswith("_")}
-        if extra:  # thread_name, thread_id follow process_group in the writer
+        if spec.get("threads"):  # thread_name, thread_id follow process_group
             e = {**{k: e[k] for k in ("record_id", "pg_id", "process_group")},
                  "thread_name": "pt_main_thread", "thread_id": "140245671937856",
                  **{k: v for k, v in e.items() if k not in ("record_id", "pg_id",
                                                              "process_group")}}  # fmt: skip
         clean.append(e)
+    if version.startswith("1."):  # seq_id, pg_config by the rank's local pg_id
+        local = {e["process_group"][0]: e["pg_id"] for e in es}
+        old = [{"record_id": e["record_id"], "pg_id": e["pg_id"], "seq_id": e["op_id"],
+                **{k: e[k] for k in ("op_id", "profiling_name", "time_created_ns",
+                                     "input_sizes", "output_sizes", "state",
+                                     "time_discovered_started_ns",
+                                     "time_discovered_completed_ns", "retired")}}
+               for e in clean]  # fmt: skip
+        config = {local.get(n, i): list(rs) for i, (n, _, rs) in enumerate(gs)}
+        return pickle.dumps({"entries": old, "version": version, "pg_config": config}, protocol=2)
     if fmt == "pickle":
         doc: dict[str, Any] = {"version": version,
                                "pg_config": {n: {"name": n, "desc": d, "ranks": str(rs)}
                                              for n, d, rs in gs}}  # fmt: skip
-        if extra:
-            doc["comm_lib_version"] = "2.21.5"
-        doc["pg_status"] = {} if not es else status
+        if lib:
+            doc[lib] = "2.21.5"
+        if version != "2.2":  # pg_status came with 2.3
+            doc["pg_status"] = {} if not es else status
         doc["entries"] = clean
         return pickle.dumps(doc, protocol=2)
     jdoc: dict[str, Any] = {"version": version}
-    if extra:
-        jdoc["comm_lib_version"] = "2.21.5"
+    if lib:
+        jdoc[lib] = "2.21.5"
     jdoc["pg_config"] = {n: {"name": n, "desc": d, "ranks": str(rs)} for n, d, rs in gs}
     jdoc["pg_status"] = {} if not es else {
         k: {kk: str(vv) for kk, vv in v.items()} for k, v in status.items()}  # fmt: skip

@@ -1,24 +1,30 @@
-"""What keeps a worker honest when Kafka goes away: a broker watchdog, a stop deadline
-and a limit on repeated log lines.
+"""What keeps a Kafka service honest when the broker goes away or a stop is asked for:
+one home for the worker and the sinks.
 
 With the broker gone for good the worker used to log 17,412 ERROR lines in 150 s, say
 ``ready: true`` in a ``status.json`` 127 s old, and ignore SIGTERM (Faust's clean stop
 waits for a broker that never answers). Here:
 
+* :class:`Outage` — since when the broker has not answered and whether that is longer
+  than the service waits: the sinks' loop (:class:`~c4base.runtime.ConsumerRunner`,
+  which asks from its own loop) and the worker's :class:`BrokerWatch` both judge by it;
 * :class:`BrokerWatch` asks the broker for its metadata every few seconds from a
   thread of its own (independent of Faust's event loop, which may be stuck); after
   ``exit_after_s`` without an answer it writes the status (``ready: false``, why) and
   exits the process with :data:`EXIT_BROKER_UNREACHABLE`, so a supervisor restarts it
   or pages someone instead of a worker that pretends to run; credentials the broker
   refuses end it at once with :data:`EXIT_CREDENTIALS_REFUSED` and librdkafka's reason;
-* :func:`stop_deadline` starts, on SIGTERM/SIGINT, a timer that ends the process if
-  the clean stop has not finished within ``grace_s``;
-* :class:`RepeatFilter` lets the same log line through a few times per interval, then
-  counts what it held back and says so once per interval.
+* :func:`stop_on_signals` (a sink: SIGTERM/SIGINT set its stop event) and
+  :func:`stop_deadline` / :func:`arm_on_signal` (the worker: on SIGTERM/SIGINT a timer
+  ends the process if the clean stop has not finished within ``grace_s``);
+* :func:`write_status` — the status file, replaced atomically.
+
+The limit on repeated log lines is :mod:`c4base.throttle`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -34,22 +40,61 @@ from c4base.kafka import KafkaCredentialsError, credentials_refused
 
 __all__ = [
     "EXIT_BROKER_UNREACHABLE",
+    "EXIT_FATAL",
     "EXIT_CREDENTIALS_REFUSED",
     "EXIT_STOP_TIMEOUT",
     "BrokerWatch",
-    "RepeatFilter",
-    "install_repeat_filter",
+    "Outage",
+    "arm_on_signal",
     "stop_deadline",
+    "stop_on_signals",
+    "write_status",
 ]
 
 log = logging.getLogger(__name__)
 
+EXIT_FATAL = 1
+"""The service cannot go on (as a sink's ``FatalError``); nothing past was committed."""
 EXIT_BROKER_UNREACHABLE = 3
 EXIT_STOP_TIMEOUT = 4
 EXIT_CREDENTIALS_REFUSED = 5
 
 Probe = Callable[[float], None]
 """Raises if the broker did not answer within the timeout (seconds)."""
+
+
+class Outage:
+    """Since when the broker has not answered, and whether that is too long.
+
+    >>> o = Outage(limit_s=10)
+    >>> o.failed(0.0), o.failed(5.0), o.too_long(9.0), o.too_long(10.0)
+    (True, False, None, 10.0)
+    >>> o.answered(12.0), o.answered(13.0), o.since
+    (12.0, None, None)
+    """
+
+    def __init__(self, limit_s: float | None) -> None:
+        self.limit_s = limit_s
+        """None: wait for ever."""
+        self.since: float | None = None
+
+    def failed(self, now: float) -> bool:
+        """No answer at ``now``; True if that starts an outage."""
+        if self.since is None:
+            self.since = now
+            return True
+        return False
+
+    def answered(self, now: float) -> float | None:
+        """An answer at ``now``; how long the outage it ends lasted (None: none)."""
+        since, self.since = self.since, None
+        return None if since is None else now - since
+
+    def too_long(self, now: float) -> float | None:
+        """Seconds of outage when they reach the limit, else None."""
+        if self.since is None or self.limit_s is None or now - self.since < self.limit_s:
+            return None
+        return now - self.since
 
 
 def kafka_probe(conf: dict[str, Any]) -> Probe:
@@ -119,7 +164,7 @@ class BrokerWatch:
         self.on_refused = on_refused or exit_credentials_refused
         self.on_change = on_change
         self.clock = clock
-        self.down_since: float | None = None
+        self.outage = Outage(exit_after_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -132,20 +177,23 @@ class BrokerWatch:
             return False
         except Exception as err:
             now = self.clock()
-            if self.down_since is None:
-                self.down_since = now
+            if self.outage.failed(now):
                 log.error("broker unreachable: %s", err)
                 if self.on_change:
-                    self.on_change(self.down_since)
-            elif now - self.down_since >= self.exit_after_s:
-                self.on_lost(now - self.down_since)
+                    self.on_change(now)
+            elif (down := self.outage.too_long(now)) is not None:
+                self.on_lost(down)
             return False
-        if self.down_since is not None:
-            log.warning("broker reachable again after %.0fs", self.clock() - self.down_since)
-            self.down_since = None
+        down = self.outage.answered(self.clock())
+        if down is not None:
+            log.warning("broker reachable again after %.0fs", down)
             if self.on_change:
                 self.on_change(None)
         return True
+
+    @property
+    def down_since(self) -> float | None:
+        return self.outage.since
 
     def start(self) -> None:
         def loop() -> None:
@@ -163,6 +211,12 @@ def exit_broker_lost(seconds: float) -> None:
     log.critical("broker unreachable for %.0fs; exiting with status %d", seconds, 3)
     logging.shutdown()
     os._exit(EXIT_BROKER_UNREACHABLE)  # Faust's clean stop would wait for the broker
+
+
+def exit_fatal(why: str) -> None:
+    log.critical("%s; exiting with status %d", why, EXIT_FATAL)
+    logging.shutdown()
+    os._exit(EXIT_FATAL)  # now: a clean stop would commit what was not handled
 
 
 def exit_credentials_refused(why: str) -> None:
@@ -211,60 +265,17 @@ def arm_on_signal(
         signal.signal(s, handler)
 
 
-class RepeatFilter(logging.Filter):
-    """At most ``burst`` records per (logger, level, message template) per ``every_s``;
-    the first record after a quiet-down says how many were held back.
-
-    >>> f = RepeatFilter(burst=2, every_s=60, clock=lambda: 0.0)
-    >>> rec = lambda: logging.LogRecord("x", logging.ERROR, "", 0, "down %s", ("a",), None)
-    >>> [f.filter(rec()) for _ in range(5)]
-    [True, True, False, False, False]
-    >>> f.clock = lambda: 61.0
-    >>> r = rec(); f.filter(r), r.getMessage()
-    (True, 'down a (3 similar lines held back in the last 60s)')
-    """
-
-    def __init__(
-        self, burst: int = 5, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        super().__init__()
-        self.burst = burst
-        self.every_s = every_s
-        self.clock = clock
-        self._seen: dict[tuple[str, int, str], list[float]] = {}
-        """key -> [window start, passed, held back]."""
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        key = (record.name, record.levelno, str(record.msg)[:200])
-        now = self.clock()
-        with self._lock:
-            st = self._seen.get(key)
-            if st is None or now - st[0] >= self.every_s:
-                held = int(st[2]) if st is not None else 0
-                self._seen[key] = [now, 1, 0]
-                if len(self._seen) > 10_000:  # bounded: forget the oldest keys
-                    for k in list(self._seen)[:5_000]:
-                        self._seen.pop(k, None)
-                if held:
-                    record.msg = (
-                        f"{record.msg} ({held} similar lines held back in the last "
-                        f"{self.every_s:.0f}s)"
-                    )
-                return True
-            if st[1] < self.burst:
-                st[1] += 1
-                return True
-            st[2] += 1
-            return False
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``: a sink's loop finishes the record at hand,
+    commits what is durable and leaves its group (it answers within a poll timeout)."""
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda *_: stop.set())
 
 
-def install_repeat_filter(flt: RepeatFilter | None = None) -> RepeatFilter:
-    """Attach one :class:`RepeatFilter` to every handler of the root logger."""
-    flt = flt or RepeatFilter()
-    for h in logging.getLogger().handlers:
-        if flt not in h.filters:
-            h.addFilter(flt)
-    return flt
+def write_status(path: Any, status: dict[str, Any]) -> None:
+    """Atomically replace the status file (readers never see half a file); the worker's
+    broker watchdog writes from its own thread, hence a temp name per thread."""
+    tmp = f"{path}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(status, f)
+    os.replace(tmp, path)

@@ -1,0 +1,61 @@
+"""Where agent ``correlate`` keeps a verdicts partition's correlator state: one
+checkpoint per job (issue 22), under a key of the partition and the job.
+
+A partition's host correlator holds every job whose verdicts land there; each part of
+its state is keyed by job (:mod:`streams.core.correlate_state`). Behind a decision, and
+every N verdicts or S seconds, only the jobs whose state changed are written, each its
+own table record (a job of 256 GPUs: tens of kB) — not the partition's whole state (at
+391 jobs on one partition 16.6 MB, ~1 s to encode, behind every decision of any job).
+A job's part is read back the first time the restarted correlator meets the job (a
+verdict or a watermark of it).
+
+**The form before** (one record per partition under ``correlator-<p>``, schema 2 and
+before) is still read once, when the partition is first served: its jobs become the
+correlator's, and right away each is written under its own key, then an empty
+correlator under the old key, in that order (so a crash in between leaves per-job
+records equal to the old one, never older): it is read once, never again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from streams.app.engine import CorrelatorLike
+
+__all__ = ["JobPart", "job_key", "migration", "partition_key"]
+
+
+def partition_key(partition: int) -> bytes:
+    """The key of a partition's whole correlator (the form before per-job records)."""
+    return f"correlator-{partition}".encode()
+
+
+def job_key(partition: int, job: str) -> bytes:
+    """The key of one job's part on ``partition``: the job id hashed (any string is a
+    job id; a NUL in a key would collide with the chunk keys of
+    :func:`streams.app.checkpoint.chunk_keys`); the record itself names its job, and a
+    record of another job under this key is refused."""
+    digest = hashlib.sha256(job.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"correlator-{partition}/job-{digest}".encode()
+
+
+class JobPart:
+    """One job's part of a partition's correlator, as the checkpoint cycle sees it."""
+
+    __slots__ = ("cor", "job")
+
+    def __init__(self, cor: CorrelatorLike, job: str) -> None:
+        self.cor = cor
+        self.job = job
+
+    def to_bytes(self) -> bytes:
+        return self.cor.to_bytes(self.job)
+
+
+def migration(
+    partition: int, cor: CorrelatorLike, jobs: list[str], empty: CorrelatorLike
+) -> list[tuple[int, bytes, bytes]]:
+    """The records that move a partition's whole correlator of the form before to one
+    record per job: each job's part, then ``empty`` under the old key (last)."""
+    out = [(partition, job_key(partition, j), cor.to_bytes(j)) for j in jobs]
+    return [*out, (partition, partition_key(partition), empty.to_bytes())]
