@@ -15,7 +15,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from streams.app.correlate_jobs import JobPart, job_key, migration, partition_key
+from streams.app.correlate_jobs import (
+    HeldVerdict,
+    JobPart,
+    decode_held,
+    encode_held,
+    held_key,
+    job_key,
+    migration,
+    partition_key,
+)  # fmt: skip
+from streams.app.correlate_status import describe
 from streams.app.deadletter import Record, dead_letter
 from streams.app.detect_runner import Lane
 from streams.app.engine import CorrelatorLike, Engine
@@ -127,7 +137,6 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         self.watermark_topic = watermark_topic
         self.verdicts_read_from = verdicts_read_from
         self._resumed: dict[int, int] = {}
-        """verdicts partition -> the offset its consumer resumed at (asked once)."""
         """verdicts partition -> the offset this correlator's consumer resumed reading it
         at (None: unknown, from the start): verdicts below were judged before."""
         self.forget_lane_s = forget_lane_s
@@ -142,7 +151,10 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         self.loaded: dict[int, set[str]] = {}
         """verdicts partition -> the jobs whose checkpoint was read (or found none)."""
         self._migrated: list[tuple[int, bytes, bytes]] = []
-        """Records moving a partition's checkpoint of the form before to one per job."""
+        """Records for the next output: moving a partition's checkpoint of the form before
+        to one per job; an empty hand-off of held verdicts once they are taken back."""
+        self._taken_back: set[int] = set()
+        """verdicts partitions whose held verdicts handed off at a revoke were read."""
         self.marks: dict[int, dict[int, _Mark]] = {}
         """verdicts partition -> events partition -> what its reports said."""
         self.lanes: dict[int, dict[Lane, _Mark]] = {}
@@ -241,6 +253,45 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         return [(p, j) for p, jobs in self.loaded.items()
                 if partitions is None or p in partitions for j in jobs]  # fmt: skip
 
+    def flush(self, partitions: set[int] | None = None, *, drop: bool = False) -> Output:
+        """As the base; but revoked partitions' held verdicts are handed to the next owner
+        (:mod:`streams.app.correlate_jobs`), not judged ahead of their watermark."""
+        handed = []
+        for p, jobs in self.pending.items() if drop else ():
+            if partitions is None or p in partitions:
+                held = sorted(h for heap in jobs.values() for h in heap)
+                jobs.clear()
+                hv = [HeldVerdict(h[0], h[-1].clock_us, h[-1].topic, h[-1].offset, h[-1].value)
+                      for h in held]  # fmt: skip
+                if hv:  # none: the last hand-off of p was emptied when taken back
+                    handed.append((p, held_key(p), encode_held(p, hv)))
+        out = super().flush(partitions, drop=drop)
+        out.checkpoints.extend(handed)
+        return out
+
+    def _take_back(self, q: int) -> None:
+        """Verdicts partition ``q``'s held verdicts handed off by its last owner, if any."""
+        self._taken_back.add(q)
+
+        def load(data: bytes) -> None:
+            held = decode_held(q, data)
+            for h in held:
+                rec = Record(h.topic, q, h.offset, None, h.value, clock_us=h.clock_us)
+                self._hold(q, decode_verdict(h.value), rec, h.end, self.wall())
+            if held:
+                self._migrated.append((q, held_key(q), encode_held(q, [])))
+
+        self._restore_side(held_key(q), f"held verdicts of {q}", load)
+
+    def _hold(self, q: int, verdict: Verdict, rec: Record, end: int, now: float) -> None:
+        self._seq += 1
+        self._job(q, verdict.job)  # restored (or created) now: status shows what serves q
+        self._seen(verdict.job, now)
+        heapq.heappush(
+            self.pending.setdefault(q, {}).setdefault(verdict.job, []),
+            (end, verdict.ts_us, not verdict.benign, self._seq, verdict, rec),
+        )
+
     def _close(self, partitions: set[int] | None, out: Output) -> None:
         """Judge every held verdict (in event-time order per job)."""
         now = self.wall()
@@ -256,6 +307,7 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
             self.correlators.pop(p, None)
             self.loaded.pop(p, None)
             self.pending.pop(p, None)
+            self._taken_back.discard(p)
             if self.host_rails is not None:
                 self.host_rails.forget(p)
         for q in list(self.marks) if partitions is None else partitions:
@@ -384,42 +436,8 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         return newest.clock_us + min(int((now - newest.moved) * 1e6), self.quiet_run_us)
 
     def describe(self) -> dict[str, Any]:
-        """Per verdicts partition and job: the watermark, held verdicts and each events
-        partition's clock / seconds since heard / seconds caught up (for status.json)."""
-        now = self.wall()
-        out: dict[str, Any] = {}
-        for q, marks in self.marks.items():
-            lanes = self.lanes.get(q, {})
-            by_job: dict[str, list[tuple[int, _Mark]]] = {}  # once: not all lanes per job
-            for (p, j), lm in sorted(lanes.items()):
-                by_job.setdefault(j, []).append((p, lm))
-            jobs = sorted(set(by_job) | set(self.pending.get(q, {})))
-            out[str(q)] = {
-                "deferred": len(self.deferred.get(q, ())),
-                "partitions": {
-                    str(p): [
-                        m.clock_us,
-                        round(now - m.heard, 1),
-                        None if m.idle_since is None else round(now - m.idle_since, 1),
-                    ]
-                    for p, m in sorted(marks.items())
-                },
-                "jobs": {
-                    job: {
-                        "watermark_us": self.watermark(now, q, job),
-                        "held": len(self.pending.get(q, {}).get(job, ())),
-                        "holding": sorted(
-                            p
-                            for p, lm in by_job.get(job, ())
-                            if now - marks[p].heard < self.max_hold_s
-                            and self._lane_holds(lm, marks[p], now)
-                        ),
-                        "clocks": {str(p): lm.clock_us for p, lm in by_job.get(job, ())},
-                    }
-                    for job in jobs
-                },
-            }
-        return out
+        """Per verdicts partition and job: its watermark, as ``status.json`` shows it."""
+        return describe(self)
 
     def process(self, records: Sequence[Record]) -> Output:
         out = Output()
@@ -428,6 +446,8 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         now = self.wall()
         for rec in records:
             q = rec.partition
+            if q not in self._taken_back:
+                self._take_back(q)
             if rec.topic == self.watermark_topic:
                 try:
                     wm = decode_watermark(rec.value)
@@ -452,15 +472,8 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
                 out.deadletters.append(dead_letter(rec, f"undecodable verdict: {err}"))
                 continue
             st.events += 1
-            self._seq += 1
-            self._job(q, verdict.job)  # restored (or created) now: status shows what serves q
-            self._seen(verdict.job, now)
             clock = rec.clock_us if rec.clock_us is not None else verdict.ts_us
-            end = clock - clock % self.slice_us + self.slice_us
-            heapq.heappush(
-                self.pending.setdefault(q, {}).setdefault(verdict.job, []),
-                (end, verdict.ts_us, not verdict.benign, self._seq, verdict, rec),
-            )
+            self._hold(q, verdict, rec, clock - clock % self.slice_us + self.slice_us, now)
         self._release(out, now)
         self._due(out, now)
         self._count(out)

@@ -131,9 +131,11 @@ def test_router_dead_letters_a_forged_checkpoint_and_starts_afresh(tmp_path: Pat
     verdict = Verdict(id="x", ts_us=1, job="j", comm="c", host="h", fault="straggler",
                       score=0.5, reason="r", window_start_us=0, window_end_us=1)  # fmt: skip
     out2 = runner.process([Record("v", 0, 1, None, encode_verdict(verdict), 1)])
-    # the partition's record of the form before, then the job's own: both refused
+    # the verdicts handed off by the partition's last owner, the partition's record of
+    # the form before, then the job's own: all refused
     job_key = runner.key(0, "j").decode()
     assert [d.source for d in out2.deadletters] == [
+        "checkpoint:held-verdicts-0",
         "checkpoint:correlator-0",
         f"checkpoint:{job_key}",
     ]

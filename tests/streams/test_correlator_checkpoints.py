@@ -13,6 +13,7 @@ from producers.simulator import FaultSpec, SimConfig, simulate
 from streams.app.correlate_runner import CorrelatorRunner
 from streams.app.deadletter import Record
 from streams.app.engine import CoreEngine
+from streams.app.watermark import Watermark, encode_watermark
 from streams.core import DetectionPipeline, HostCorrelator, PolicyConfig
 from streams.core import checkpoint as ck
 from streams.verdicts import Verdict, encode_verdict
@@ -132,3 +133,47 @@ def test_the_form_before_is_read_once_and_moved_to_per_job_records(
     r3 = _runner(table)  # restarted again: the old key holds nothing to move
     out3 = r3.process([Record("v", 0, 10**6, None, encode_verdict(verdicts[-1]))])
     assert r.key(0) not in [k for _, k, _ in out3.checkpoints]
+
+
+def test_a_revoked_partitions_held_verdicts_are_judged_by_its_next_owner(
+    verdicts: list[Verdict],
+) -> None:
+    """Verdicts held for their watermark when the partition is revoked are handed to the
+    next owner, not judged there and then: the two decide as one correlator does."""
+
+    def runner(table: dict[bytes, bytes]) -> CorrelatorRunner:
+        # no watermark yet: every verdict is held
+        return CorrelatorRunner(CoreEngine(), table.get, checkpoint_every_events=10**9,
+                                checkpoint_every_s=1e9, watermark_topic="wm")  # fmt: skip
+
+    def passed(r: CorrelatorRunner) -> list:
+        """The events partition's clock past every verdict: all are judged, in order."""
+        mark = Watermark(partition=0, clock_us=2**62, verdicts_offset=len(verdicts) - 1)
+        out = r.process([Record("wm", 0, 0, b"0", encode_watermark(mark))])
+        return _decisions(out.commands)
+
+    def feed(r: CorrelatorRunner, vs: list[Verdict], off: int) -> list:
+        out = r.process([Record("v", 0, off + i, None, encode_verdict(v)) for i, v in enumerate(vs)])
+        assert not out.deadletters and not out.commands  # held
+        return out.checkpoints
+
+    one = runner({})
+    feed(one, verdicts, 0)
+    expected = passed(one)
+    assert {d[:2] for d in expected} >= {("job-a", "straggler"), ("job-b", "noncomm_hang")}
+
+    table: dict[bytes, bytes] = {}
+    half = len(verdicts) // 2
+    first = runner(table)
+    table.update({k: b for _, k, b in feed(first, verdicts[:half], 0)})
+    revoked = first.flush({0}, drop=True)
+    assert not revoked.commands and not revoked.deadletters  # nothing judged early
+    table.update({k: b for _, k, b in revoked.checkpoints})
+    assert b"held-verdicts-0" in table
+    nxt = runner(table)
+    writes = feed(nxt, verdicts[half:], half)
+    # taken back once: an empty hand-off is written at once
+    assert [k for _, k, _ in writes].count(b"held-verdicts-0") == 1
+    table.update({k: b for _, k, b in writes})
+    assert passed(nxt) == expected
+    assert runner(table).process([]).commands == []  # nothing handed off twice
