@@ -153,7 +153,9 @@ def test_a_revoked_partitions_held_verdicts_are_judged_by_its_next_owner(
         return _decisions(out.commands)
 
     def feed(r: CorrelatorRunner, vs: list[Verdict], off: int) -> list:
-        out = r.process([Record("v", 0, off + i, None, encode_verdict(v)) for i, v in enumerate(vs)])
+        out = r.process(
+            [Record("v", 0, off + i, None, encode_verdict(v)) for i, v in enumerate(vs)]
+        )
         assert not out.deadletters and not out.commands  # held
         return out.checkpoints
 
