@@ -29,6 +29,7 @@ import hashlib
 
 import msgspec
 
+from streams.app.deadletter import Record
 from streams.app.engine import CorrelatorLike
 
 __all__ = ["HeldVerdict", "JobPart", "decode_held", "encode_held", "held_key", "job_key",
@@ -83,6 +84,10 @@ class HeldVerdict(msgspec.Struct, array_like=True, frozen=True):
     offset: int
     value: bytes
     """The verdict as it was on ``c4.verdicts`` (decoded again, never unpickled)."""
+
+    @classmethod
+    def of(cls, end: int, rec: Record) -> HeldVerdict:
+        return cls(end, rec.clock_us, rec.topic, rec.offset, rec.value)
 
 
 class _HandOff(msgspec.Struct, frozen=True):

@@ -15,16 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from streams.app.correlate_jobs import (
-    HeldVerdict,
-    JobPart,
-    decode_held,
-    encode_held,
-    held_key,
-    job_key,
-    migration,
-    partition_key,
-)  # fmt: skip
+from streams.app import correlate_jobs as cj
 from streams.app.correlate_status import describe
 from streams.app.deadletter import Record, dead_letter
 from streams.app.detect_runner import Lane
@@ -179,7 +170,7 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
     def key(partition: int, job: str | None = None) -> bytes:
         """The table key of ``job``'s checkpoint on ``partition`` (None: the partition's
         whole correlator, the form before; :mod:`streams.app.correlate_jobs`)."""
-        return partition_key(partition) if job is None else job_key(partition, job)
+        return cj.partition_key(partition) if job is None else cj.job_key(partition, job)
 
     # ---------------------------------------------------------------- state
     def _correlator(self, p: int) -> CorrelatorLike:
@@ -195,7 +186,7 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
             jobs = sorted(getattr(cor, "clock", ())) if self.per_job else []
             self.loaded[p] = set(jobs)
             if jobs:  # a checkpoint of the form before: moved to per-job records
-                self._migrated += migration(p, cor, jobs, eng.new_correlator())
+                self._migrated += cj.migration(p, cor, jobs, eng.new_correlator())
         return cor
 
     def _job(self, p: int, job: str) -> CorrelatorLike:
@@ -225,7 +216,8 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         cor = self.correlators.get(p)
         if cor is None:
             return None
-        return (p, self.key(p, job), JobPart(cor, job)) if self.per_job else (p, self.key(p), cor)
+        part = cj.JobPart(cor, job)
+        return (p, self.key(p, job), part) if self.per_job else (p, self.key(p), cor)
 
     def _checkpoint(self, keys: list[tuple[int, str]]) -> list[tuple[int, bytes, bytes]]:  # type: ignore[override]
         """The jobs' records, those of one partition encoded in one pass over its state,
@@ -256,15 +248,14 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
     def flush(self, partitions: set[int] | None = None, *, drop: bool = False) -> Output:
         """As the base; but revoked partitions' held verdicts are handed to the next owner
         (:mod:`streams.app.correlate_jobs`), not judged ahead of their watermark."""
-        handed = []
+        handed: list[tuple[int, bytes, bytes]] = []
         for p, jobs in self.pending.items() if drop else ():
             if partitions is None or p in partitions:
                 held = sorted(h for heap in jobs.values() for h in heap)
                 jobs.clear()
-                hv = [HeldVerdict(h[0], h[-1].clock_us, h[-1].topic, h[-1].offset, h[-1].value)
-                      for h in held]  # fmt: skip
+                hv = [cj.HeldVerdict.of(h[0], h[-1]) for h in held]
                 if hv:  # none: the last hand-off of p was emptied when taken back
-                    handed.append((p, held_key(p), encode_held(p, hv)))
+                    handed.append((p, cj.held_key(p), cj.encode_held(p, hv)))
         out = super().flush(partitions, drop=drop)
         out.checkpoints.extend(handed)
         return out
@@ -274,14 +265,14 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         self._taken_back.add(q)
 
         def load(data: bytes) -> None:
-            held = decode_held(q, data)
+            held = cj.decode_held(q, data)
             for h in held:
                 rec = Record(h.topic, q, h.offset, None, h.value, clock_us=h.clock_us)
                 self._hold(q, decode_verdict(h.value), rec, h.end, self.wall())
             if held:
-                self._migrated.append((q, held_key(q), encode_held(q, [])))
+                self._migrated.append((q, cj.held_key(q), cj.encode_held(q, [])))
 
-        self._restore_side(held_key(q), f"held verdicts of {q}", load)
+        self._restore_side(cj.held_key(q), f"held verdicts of {q}", load)
 
     def _hold(self, q: int, verdict: Verdict, rec: Record, end: int, now: float) -> None:
         self._seq += 1
