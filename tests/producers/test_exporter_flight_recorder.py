@@ -12,6 +12,7 @@ import os
 import pickle
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,21 +45,28 @@ def _capture(case: str, moment: str) -> tuple[list[Path], int, int]:
     return files, written, cap["bad_rank"]
 
 
-def _config(d: Path, bootstrap: str, topics: dict[str, str], **kw) -> ExporterConfig:
+def fr_exporter_config(
+    d: Path, bootstrap: str, events: str, deadletter: str, job: str, **kw: Any
+) -> ExporterConfig:
+    """An exporter of Flight Recorder dumps only, one host holding every rank's dump."""
     return ExporterConfig(
-        directory=d / "inspector",  # no Inspector logs in this test
+        directory=d / "inspector",  # no Inspector logs in these tests
         dump_directory=d / "dumps",
         dump_pattern="comm_lib_trace_rank_*",
         dump_settle_s=1.0,
         dump_gather_s=2.0,
         dump_all_ranks=True,  # one host: every rank's dump lands here
         kafka=KafkaConfig(bootstrap=bootstrap),
-        events_topic=topics["events"],
-        deadletter_topic=topics["deadletter"],
-        job="job-fr",
+        events_topic=events,
+        deadletter_topic=deadletter,
+        job=job,
         flush_timeout_s=15.0,
         **kw,
     )
+
+
+def _config(d: Path, bootstrap: str, topics: dict[str, str], **kw: Any) -> ExporterConfig:
+    return fr_exporter_config(d, bootstrap, topics["events"], topics["deadletter"], "job-fr", **kw)
 
 
 def _decode(m) -> list:

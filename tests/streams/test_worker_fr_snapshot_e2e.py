@@ -26,10 +26,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from c4base.kafka import KafkaConfig
 from producers.exporter import Exporter, ExporterConfig
 from streams.commands import IsolationCommand
 from streams.worker import start_worker_process
+from tests.producers.test_exporter_flight_recorder import fr_exporter_config
 from tests.streams.test_worker_e2e import read_commands, worker_config
 
 pytestmark = pytest.mark.kafka
@@ -48,20 +48,8 @@ class Clock:
 
 
 def _exporter(d: Path, bootstrap: str, events: str, job: str) -> ExporterConfig:
-    return ExporterConfig(
-        directory=d / "inspector",  # no Inspector logs here
-        dump_directory=d / "dumps",
-        dump_pattern="comm_lib_trace_rank_*",
-        dump_settle_s=1.0,
-        dump_gather_s=2.0,
-        dump_all_ranks=True,  # one host: every rank's dump lands here
-        kafka=KafkaConfig(bootstrap=bootstrap),
-        events_topic=events,
-        deadletter_topic=events + ".dlq",
-        job=job,
-        state_file=d / "state.json",
-        flush_timeout_s=15.0,
-    )
+    return fr_exporter_config(d, bootstrap, events, events + ".dlq", job,
+                              state_file=d / "state.json")  # fmt: skip
 
 
 def _publish_seen(d: Path, bootstrap: str, events: str, files: list[Path], written_us: int) -> int:
