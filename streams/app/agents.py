@@ -303,6 +303,9 @@ def register_agents(
         rewound = await offsets.rewind_uncommitted(streamed)
         if rewound:
             log.info("read from the start (no offset committed): %s", sorted(rewound))
+        # Tables are recovered by now: the verdicts a revoke handed off are taken back at
+        # once, not at their partition's next record (a quiet one would hold them).
+        correlator.take_back(tp.partition for tp in parts.assigned if tp.topic == topics.verdicts)
         parts.rebalances += 1
         parts.ready = True
         write_status(status_path, parts.status())

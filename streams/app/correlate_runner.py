@@ -11,8 +11,9 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from streams.app import correlate_jobs as cj
@@ -38,10 +39,8 @@ class _Mark:
     times are its own)."""
 
     clock_us: int
-    heard: float
-    """When a report on the partition last arrived."""
-    moved: float
-    """When its clock last moved."""
+    heard: float  # when a report on the partition last arrived
+    moved: float  # when its clock last moved
     idle_since: float | None = None
     """Since when every report said "caught up" at an unchanged clock (None: lagging)."""
     reported: bool = False
@@ -89,9 +88,8 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
     A mark waits (``deferred``) until this correlator has read its verdicts partition up
     to the mark's ``verdicts_offset``, or started past it (``verdicts_read_from``: where
     the consumer resumed, the group's committed offset, asked once before the first
-    verdict of the partition is read) — never for some wall time,
-    which, on a backlog judged faster than real time, let the clock pass verdicts still
-    unread and dead-lettered them "late by" 10–20 s.
+    verdict of the partition is read) — never for some wall time, which, on a backlog
+    judged faster than real time, let verdicts still unread be dead-lettered "late by".
     """
 
     def __init__(
@@ -260,19 +258,21 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         out.checkpoints.extend(handed)
         return out
 
-    def _take_back(self, q: int) -> None:
-        """Verdicts partition ``q``'s held verdicts handed off by its last owner, if any."""
-        self._taken_back.add(q)
+    def take_back(self, partitions: Iterable[int]) -> None:
+        """The held verdicts their last owner handed off, of each verdicts partition not
+        taken back yet: at assignment once the tables are recovered, or at its first
+        record (a quiet partition would otherwise hold them until traffic returns)."""
+        for q in set(partitions) - self._taken_back:
+            self._taken_back.add(q)
+            self._restore_side(cj.held_key(q), f"held verdicts of {q}", partial(self._held, q))
 
-        def load(data: bytes) -> None:
-            held = cj.decode_held(q, data)
-            for h in held:
-                rec = Record(h.topic, q, h.offset, None, h.value, clock_us=h.clock_us)
-                self._hold(q, decode_verdict(h.value), rec, h.end, self.wall())
-            if held:
-                self._migrated.append((q, cj.held_key(q), cj.encode_held(q, [])))
-
-        self._restore_side(cj.held_key(q), f"held verdicts of {q}", load)
+    def _held(self, q: int, data: bytes) -> None:
+        held = cj.decode_held(q, data)
+        for h in held:
+            rec = Record(h.topic, q, h.offset, None, h.value, clock_us=h.clock_us)
+            self._hold(q, decode_verdict(h.value), rec, h.end, self.wall())
+        if held:
+            self._migrated.append((q, cj.held_key(q), cj.encode_held(q, [])))
 
     def _hold(self, q: int, verdict: Verdict, rec: Record, end: int, now: float) -> None:
         self._seq += 1
@@ -438,7 +438,7 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         for rec in records:
             q = rec.partition
             if q not in self._taken_back:
-                self._take_back(q)
+                self.take_back((q,))
             if rec.topic == self.watermark_topic:
                 try:
                     wm = decode_watermark(rec.value)

@@ -135,43 +135,55 @@ def test_the_form_before_is_read_once_and_moved_to_per_job_records(
     assert r.key(0) not in [k for _, k, _ in out3.checkpoints]
 
 
+def _holding(table: dict[bytes, bytes], **kw: object) -> CorrelatorRunner:
+    """A correlator that holds every verdict (no watermark yet)."""
+    return CorrelatorRunner(CoreEngine(), table.get, checkpoint_every_events=10**9,
+                            checkpoint_every_s=1e9, watermark_topic="wm", **kw)  # fmt: skip
+
+
+def _passed(r: CorrelatorRunner, upto: int) -> list:
+    """The events partition's clock past every verdict sent up to offset ``upto``: all
+    are judged, in order."""
+    mark = Watermark(partition=0, clock_us=2**62, verdicts_offset=upto)
+    out = r.process([Record("wm", 0, 0, b"0", encode_watermark(mark))])
+    return _decisions(out.commands)
+
+
+def _held(r: CorrelatorRunner, vs: list[Verdict], off: int) -> list[tuple[int, bytes, bytes]]:
+    out = r.process([Record("v", 0, off + i, None, encode_verdict(v)) for i, v in enumerate(vs)])
+    assert not out.deadletters and not out.commands  # held
+    return out.checkpoints
+
+
+def _revoked(vs: list[Verdict]) -> dict[bytes, bytes]:
+    """The table after a correlator held ``vs`` and its partition was revoked."""
+    table: dict[bytes, bytes] = {}
+    first = _holding(table)
+    table.update({k: b for _, k, b in _held(first, vs, 0)})
+    revoked = first.flush({0}, drop=True)
+    assert not revoked.commands and not revoked.deadletters  # nothing judged early
+    table.update({k: b for _, k, b in revoked.checkpoints})
+    assert b"held-verdicts-0" in table
+    return table
+
+
 def test_a_revoked_partitions_held_verdicts_are_judged_by_its_next_owner(
     verdicts: list[Verdict],
 ) -> None:
     """Verdicts held for their watermark when the partition is revoked are handed to the
     next owner, not judged there and then: the two decide as one correlator does."""
-
-    def runner(table: dict[bytes, bytes]) -> CorrelatorRunner:
-        # no watermark yet: every verdict is held
-        return CorrelatorRunner(CoreEngine(), table.get, checkpoint_every_events=10**9,
-                                checkpoint_every_s=1e9, watermark_topic="wm")  # fmt: skip
+    runner, feed = _holding, _held
 
     def passed(r: CorrelatorRunner) -> list:
-        """The events partition's clock past every verdict: all are judged, in order."""
-        mark = Watermark(partition=0, clock_us=2**62, verdicts_offset=len(verdicts) - 1)
-        out = r.process([Record("wm", 0, 0, b"0", encode_watermark(mark))])
-        return _decisions(out.commands)
-
-    def feed(r: CorrelatorRunner, vs: list[Verdict], off: int) -> list:
-        out = r.process(
-            [Record("v", 0, off + i, None, encode_verdict(v)) for i, v in enumerate(vs)]
-        )
-        assert not out.deadletters and not out.commands  # held
-        return out.checkpoints
+        return _passed(r, len(verdicts) - 1)
 
     one = runner({})
     feed(one, verdicts, 0)
     expected = passed(one)
     assert {d[:2] for d in expected} >= {("job-a", "straggler"), ("job-b", "noncomm_hang")}
 
-    table: dict[bytes, bytes] = {}
     half = len(verdicts) // 2
-    first = runner(table)
-    table.update({k: b for _, k, b in feed(first, verdicts[:half], 0)})
-    revoked = first.flush({0}, drop=True)
-    assert not revoked.commands and not revoked.deadletters  # nothing judged early
-    table.update({k: b for _, k, b in revoked.checkpoints})
-    assert b"held-verdicts-0" in table
+    table = _revoked(verdicts[:half])
     nxt = runner(table)
     writes = feed(nxt, verdicts[half:], half)
     # taken back once: an empty hand-off is written at once
@@ -179,3 +191,25 @@ def test_a_revoked_partitions_held_verdicts_are_judged_by_its_next_owner(
     table.update({k: b for _, k, b in writes})
     assert passed(nxt) == expected
     assert runner(table).process([]).commands == []  # nothing handed off twice
+
+
+def test_a_quiet_partition_takes_its_handed_off_verdicts_back_at_assignment(
+    verdicts: list[Verdict],
+) -> None:
+    """The next owner takes the held verdicts back when it is assigned the partition
+    (the worker calls ``take_back`` once its tables are recovered), not at the
+    partition's next verdict: a partition that gets none holds nothing for ever."""
+    n = len(verdicts)  # all read and held by the first owner; none comes after
+    alone = _holding({})
+    _held(alone, verdicts, 0)
+    expected = _passed(alone, n - 1)
+    assert {d[:2] for d in expected} >= {("job-a", "straggler"), ("job-b", "noncomm_hang")}
+    table = _revoked(verdicts)
+    nxt = _holding(table, verdicts_read_from=lambda q: n)
+    nxt.take_back({0})  # at assignment: no record of partition 0 read yet
+    assert sum(len(h) for h in nxt.pending[0].values()) == n
+    writes = nxt.tick().checkpoints  # the emptied hand-off goes out with the next output
+    assert [k for _, k, _ in writes].count(b"held-verdicts-0") == 1
+    nxt.take_back({0})  # once only
+    assert sum(len(h) for h in nxt.pending[0].values()) == n
+    assert _passed(nxt, n - 1) == expected
