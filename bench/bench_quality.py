@@ -471,7 +471,8 @@ class ShapeRun(msgspec.Struct, kw_only=True):
     window_s: float
     own_windows: list[float] = []
     """Per found degrading NIC: its latency in the deciding communicator's own windows
-    (the command's span from its first window over its windows)."""
+    (the command's span from its first window over its windows; ``window_us`` when that
+    is shorter: a decision half a window in spans half of one)."""
     commands: list[str]
     """The first few commands, as "host component fault: reason"."""
     detect_seconds: float
@@ -508,7 +509,9 @@ def detect_row(
             cmd = next((c for c in res.commands if c.ts_us == at), None)
             if f.threshold_us is not None and cmd is not None:
                 ev = cmd.evidence
-                span = ev["decided_after_s"] / max(1, ev["windows"])
+                # a decision at a window's half (a peek) spans half of it: the unit is
+                # window_us, or the communicator's own window when longer (long steps)
+                span = max(ev["decided_after_s"] / max(1, ev["windows"]), detect.window_us / 1e6)
                 own.append(round(lat[-1] / span, 2) if span > 0 else float("nan"))
     return ShapeRun(
         row=sc.row, group=sc.group, step_s=sc.step_s, seed=sc.seed, gpus=sc.config.gpus,

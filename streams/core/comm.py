@@ -390,13 +390,39 @@ class CommDetector:
         v = self.view
         if v.now < self._next_tick:
             return []
+        half = self._half_window(self._next_tick - _TICK_US)
         self._next_tick = v.now + _TICK_US
         out: Output = []
         for d in self.detectors:
             out += d.tick(v)
+            if half is not None and (peek := getattr(d, "peek", None)) is not None:
+                out += peek(v, half)
         if v.warm() and v.ranks.n_hosts() != self._census_hosts:
             out.append(self._census())
         return out
+
+    def _half_window(self, last_tick: int) -> Window | None:
+        """The open window so far, when this tick is the first past its half and it
+        holds half a window's collectives (a window that will fill up by its count
+        soon is left to close): detectors with a ``peek`` judge it without closing it,
+        so what crosses a bar just after a window's end is found half a window later,
+        not a whole one. From checkpointed clocks only, so a
+        restored communicator peeks where an uninterrupted one does."""
+        v, cfg = self.view, self.view.config
+        start = self.window_start
+        mid = start + cfg.window_us // 2
+        if start < 0 or v.first_us < 0 or not last_tick < mid <= v.now:
+            return None
+        n = 2 * (self.seq_hi - self.window_seq)  # at this pace, the whole window's
+        if n < cfg.window_min_collectives or n >= cfg.window_max_collectives:
+            return None  # too little yet; or it will close by its count before long
+        return self._window(start, v.now)
+
+    def _window(self, start: int, end: int) -> Window:
+        """Learn past the start of the warm-up's last window; judge past the warm-up."""
+        v, cfg = self.view, self.view.config
+        learn = start >= v.first_us + cfg.warmup_us - max(cfg.window_us, end - start)
+        return Window(start, end, learn, learn and end - v.first_us >= cfg.warmup_us)
 
     def _census(self) -> Observation:
         """A note naming this communicator's hosts, sent when it is warm and again if its
@@ -441,9 +467,7 @@ class CommDetector:
             if idx > self.window_idx:
                 self.window_idx = idx  # the time boundary passed with too few: stay open
             return []
-        # learn past the start of the warm-up's last window; judge past the warm-up
-        learn = start >= v.first_us + cfg.warmup_us - max(w, end - start)
-        window = Window(start, end, learn, learn and end - v.first_us >= cfg.warmup_us)
+        window = self._window(start, end)
         out: Output = []
         for d in self.detectors:
             out += d.close_window(v, window)

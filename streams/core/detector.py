@@ -11,7 +11,9 @@ communicator, in event time:
    after the shared view took it. It only accumulates; it never concludes.
 2. **judges** — :meth:`Detector.close_window` when a window of ``window_us`` closes
    (``Window.judge`` is False during the warm-up: learn only), and
-   :meth:`Detector.tick` at least every 0.5 s of event time (hangs, silence).
+   :meth:`Detector.tick` at least every 0.5 s of event time (hangs, silence). A
+   detector may also have ``peek(view, window) -> Output`` (optional, not in the
+   protocol): the open window so far, once half of it has passed (a degrading NIC).
 3. **returns** — a list of :class:`~streams.core.findings.Finding` (a fault claim with
    a ``score`` in [0, 1], higher = more certain, a reason sentence and typed evidence)
    and :class:`~streams.core.findings.Observation` (a note claiming no fault). The

@@ -349,13 +349,23 @@ class SlowConnDetector:
     def tick(self, view: CommView) -> Output:
         return []
 
+    def peek(self, view: CommView, window: Window) -> Output:
+        """Half a window in (:meth:`CommDetector._half_window`): the window so far, for a
+        whole NIC (the one finding a single window settles) and, for a small
+        communicator, its cells (its replicas note theirs at the same moment, so the
+        family compares the same time). A NIC that crosses the bar just after a window's
+        end is found half a window later, not at the next end."""
+        return self._judged(view, window, whole_only=True) if window.judge else []
+
+    def _judged(self, view: CommView, window: Window, whole_only: bool = False) -> Output:
+        cfg = self.config
+        found = self.matrix.judge(view.ranks.host_idx, cfg.slow_ratio, cfg.slow_min_cells)
+        out: Output = [self._finding(view, f, window.start, window.end) for f in found
+                       if f.whole or not whole_only]  # fmt: skip
+        return out + self._cells_note(view, window)
+
     def close_window(self, view: CommView, window: Window) -> Output:
-        out: Output = []
-        if window.judge:
-            cfg = self.config
-            found = self.matrix.judge(view.ranks.host_idx, cfg.slow_ratio, cfg.slow_min_cells)
-            out = [self._finding(view, f, window.start, window.end) for f in found]
-            out += self._cells_note(view, window)
+        out = self._judged(view, window) if window.judge else []
         self.matrix.reset()
         self.conn_bytes, self.conn_n = 0.0, 0
         return out
