@@ -288,7 +288,15 @@ def register_agents(
         marks.revoked(ev)
         await emit(router.flush(ev, drop=True), comm_store)
         await emit(correlator.flush(vd, drop=True), cor_store)
-        await drain_table_writes(app)  # on the broker before the next owner restores them
+        # on the broker before the next owner restores them; bounded, so that a broker
+        # that stopped answering cannot hold the rebalance past its own timeout
+        left = await drain_table_writes(app, config.rebalance_timeout_s / 2)
+        if left:
+            log.error(
+                "%d checkpoint writes still not on the broker %.0f s after the revoke; "
+                "the rebalance goes on, and the next owner restores the checkpoints "
+                "written before them", left, config.rebalance_timeout_s / 2,
+            )  # fmt: skip
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: set[Any], **_: Any) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -139,17 +140,20 @@ class ConsumerView:
         return rewound
 
 
-async def drain_table_writes(app: Any) -> int:
+async def drain_table_writes(app: Any, timeout_s: float | None = None) -> int:
     """Wait until Faust's producer buffer (the tables' changelog writes, put there by
-    ``send_changelog`` without a send) is empty; returns what is left (0 normally).
+    ``send_changelog`` without a send) is empty, for up to ``timeout_s`` (None: the
+    stop deadline of :class:`BoundedStopWorker` bounds it); returns what is left (0
+    normally).
 
     Why: a clean stop checkpoints every dirty detector at once (thousands under load),
     and Faust's own flush returns as soon as one message takes over 0.1 s; its buffer
     then raised "Cannot flush: Producer not Running" when it stopped with messages in
-    it (the worker exited 1), or those checkpoints were lost. The stop deadline
-    (:class:`BoundedStopWorker`) bounds the wait."""
+    it (the worker exited 1), or those checkpoints were lost. At a revoke nothing else
+    bounds it: a broker that stopped answering held the rebalance past its timeout."""
     buffer = app.producer.buffer
-    while buffer.size:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while buffer.size and (deadline is None or time.monotonic() < deadline):
         await buffer.flush_atmost(None)  # returns on a 0.1-s stall: try again
     return buffer.size
 

@@ -68,3 +68,32 @@ def test_an_empty_active_set_fetches_nothing() -> None:
     fetcher = Fetcher(set())
     assert asyncio.run(thread_with(fetcher).getmany(set(), timeout=1.0)) == {}
     assert fetcher.asked is None  # aiokafka was not asked for "every partition"
+
+
+class StalledBuffer:
+    """Faust's producer buffer when the broker stopped answering: its writes stay, and
+    each ``flush_atmost`` returns after its 0.1-s stall (as Faust's does)."""
+
+    size = 3
+
+    async def flush_atmost(self, max_messages: int | None) -> int:
+        await asyncio.sleep(0.1)
+        return 0
+
+
+def test_draining_table_writes_at_a_revoke_ends_at_its_deadline() -> None:
+    """At a revoke the worker waits for its checkpoint writes for a bounded time, so a
+    broker that stopped answering cannot hold the rebalance past its timeout; what is
+    left is returned (and logged by the worker)."""
+    from streams.app.faust_adapter import drain_table_writes
+
+    app = SimpleNamespace(producer=SimpleNamespace(buffer=StalledBuffer()))
+    loop = asyncio.new_event_loop()
+    try:
+        t0 = loop.time()
+        left = loop.run_until_complete(drain_table_writes(app, timeout_s=0.5))
+        took = loop.time() - t0
+    finally:
+        loop.close()
+    assert left == 3
+    assert 0.5 <= took < 1.5
