@@ -250,7 +250,7 @@ class Families:
             c = self.cells[key] = _CellComm(shape)
         c.notes.append((ts, window, note))
         for i in range(len(note.gbs)):
-            fk = (job, shape, note.src[i], note.dst[i])
+            fk = (job, shape, note.src[i], note.dst[i], note.peek)  # like with like
             per = self.fam.setdefault(fk, {})
             if comm not in per:
                 per[comm] = deque(maxlen=_KEEP)
@@ -325,7 +325,8 @@ class Families:
         gbs = x.gbs_end if at_end and len(x.gbs_end) == len(x.gbs) else x.gbs
         out = []
         for i in range(len(x.gbs)):
-            m = self._median((job, cc.shape, x.src[i], x.dst[i]), n[1], n[0], 3 if at_end else 2)  # type: ignore[union-attr]
+            fk = (job, cc.shape, x.src[i], x.dst[i], x.peek)  # type: ignore[union-attr]
+            m = self._median(fk, n[1], n[0], 3 if at_end else 2)
             if m is None or m <= 0:
                 continue
             out.append(((x.src_host[i], x.src_nic[i]), (x.dst_host[i], x.dst_nic[i]),

@@ -241,6 +241,10 @@ class Cells(msgspec.Struct, kw_only=True, tag_field="role", tag="cells"):
     """Mean bytes per connection record, log2 rounded (throughput depends on it)."""
     p2p: bool = False
     """Point-to-point (Send/Recv) traffic, not a collective."""
+    peek: bool = False
+    """Read half a window in, each cell at the median of its collectives
+    (:meth:`streams.core.slow_conn.SlowConnDetector.peek`): compared only with the
+    replicas' notes read the same way."""
 
 
 Note = Census | Silent | Waiting | PairWait | Cells

@@ -180,6 +180,22 @@ class ConnMatrix:
         end = np.where(slope < 0, np.maximum(line_end, 0.0), mean)
         return s[i], d[i], end[i]
 
+    def median_cells(self, host_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The inter-host cells (in :meth:`inter_cells`' order) with the median of their
+        parts' throughput: what most of the collectives so far moved, which one
+        collective caught by a passing queue (a slow transfer among three) moves little,
+        where it pulls the mean of a few under the bar."""
+        s, d, b, t, inv = self._totals()
+        i = self._inter(s, d, t, host_idx)
+        _, _, _, pb, pt = self._fold()
+        y = pb / pt  # records with no time were dropped on the way in: pt > 0
+        order = np.lexsort((y, inv))
+        counts = np.bincount(inv, minlength=s.size)
+        first = np.cumsum(counts) - counts
+        ys = y[order]
+        med = (ys[first + (counts - 1) // 2] + ys[first + counts // 2]) / 2
+        return s[i], d[i], med[i]
+
     def judge(self, host_idx: np.ndarray, slow_ratio: float, min_cells: int) -> list[SlowFinding]:
         """Slow NICs and links of this window (inter-host cells only; NVLink is not a NIC).
 
@@ -353,32 +369,49 @@ class SlowConnDetector:
         """Half a window in (:meth:`CommDetector._half_window`): the window so far, for a
         whole NIC (the one finding a single window settles) and, for a small
         communicator, its cells (its replicas note theirs at the same moment, so the
-        family compares the same time). A NIC that crosses the bar just after a window's
-        end is found half a window later, not at the next end."""
-        return self._judged(view, window, whole_only=True) if window.judge else []
-
-    def _judged(self, view: CommView, window: Window, whole_only: bool = False) -> Output:
-        cfg = self.config
-        found = self.matrix.judge(view.ranks.host_idx, cfg.slow_ratio, cfg.slow_min_cells)
-        out: Output = [self._finding(view, f, window.start, window.end) for f in found
-                       if f.whole or not whole_only]  # fmt: skip
-        return out + self._cells_note(view, window)
+        family compares the same time). Each cell is read at the median of its parts
+        (:meth:`ConnMatrix.median_cells`): half a window holds few collectives, and a
+        queue that passes through the fabric slows one of them on every NIC whose
+        transfers it catches, both ways. A NIC that crosses the bar just after a
+        window's end is under it in every collective since: found half a window later,
+        not at the next end."""
+        if not window.judge:
+            return []
+        cfg, host_idx = self.config, view.ranks.host_idx
+        s, d, med = self.matrix.median_cells(host_idx)
+        found = [f for f in _judge(s, d, med, cfg.slow_ratio, cfg.slow_min_cells) if f.whole]
+        out: Output = [self._finding(view, f, window.start, window.end) for f in found]
+        return out + self._cells_note(view, window, (s, d, med, med), peek=True)
 
     def close_window(self, view: CommView, window: Window) -> Output:
-        out = self._judged(view, window) if window.judge else []
+        out: Output = []
+        if window.judge:
+            cfg = self.config
+            found = self.matrix.judge(view.ranks.host_idx, cfg.slow_ratio, cfg.slow_min_cells)
+            out = [self._finding(view, f, window.start, window.end) for f in found]
+            out += self._cells_note(view, window)
         self.matrix.reset()
         self.conn_bytes, self.conn_n = 0.0, 0
         return out
 
-    def _cells_note(self, view: CommView, window: Window) -> Output:
+    def _cells_note(
+        self, view: CommView, window: Window, read: tuple[np.ndarray, ...] | None = None,
+        peek: bool = False,
+    ) -> Output:  # fmt: skip
         """A communicator with too few inter-host cells for its own matrix: its cells,
         for the correlator to compare with the communicators of its shape
-        (:mod:`streams.core.family`)."""
+        (:mod:`streams.core.family`). ``read``: the cells as already read (sender,
+        receiver, throughput, at the end); else the window's means and its end."""
         t = view.ranks
-        s, d, tput = self.matrix.inter_cells(t.host_idx)
+        if read is None:
+            s, d, tput = self.matrix.inter_cells(t.host_idx)
+            at_end = None
+        else:
+            s, d, tput, at_end = read
         if not s.size or s.size >= self.config.family_max_cells or self.conn_n == 0:
             return []
-        _, _, at_end = self.matrix.end_cells(t.host_idx)  # the same cells, in the same order
+        if at_end is None:  # the same cells, in the same order
+            _, _, at_end = self.matrix.end_cells(t.host_idx)
         size = int(round(math.log2(max(self.conn_bytes / self.conn_n, 1.0))))
         sl, dl = s.tolist(), d.tolist()
         note = Cells(
@@ -386,7 +419,7 @@ class SlowConnDetector:
             src_nic=[t.nic_of(r) for r in sl], dst_host=[t.host_of(r) or "" for r in dl],
             dst_nic=[t.nic_of(r) for r in dl], gbs=[round(x / 1e3, 4) for x in tput.tolist()],
             gbs_end=[round(x / 1e3, 4) for x in at_end.tolist()], size_log2=size,
-            p2p=bool(view.p2p),
+            p2p=bool(view.p2p), peek=peek,
         )  # fmt: skip
         cells = ", ".join(
             f"{a} -> {b} {g:.1f} GB/s" for a, b, g in zip(note.src_host, note.dst_host, note.gbs,

@@ -115,6 +115,31 @@ def test_a_degrading_nic_is_isolated_within_one_window_of_crossing(ramp_from_s: 
 
 
 @pytest.mark.timeout(20)
+def test_one_collective_caught_by_a_passing_queue_isolates_nothing_at_a_window_s_half() -> None:
+    """A queue passing through the fabric at 42 s slows the one collective whose
+    transfers it catches on rank 4's NIC, both ways, to a third: of the five collectives
+    with connection figures in the first half of the window 40-45 s, that one pulls the
+    mean of rank 4's cells to 0.71 of the median. The half-window look reads each cell at
+    the median of its collectives (the other four: full speed): nothing."""
+
+    def frac(t: float) -> dict[int, float]:
+        return {4: 1 / 3} if t == 42.0 else {}
+
+    assert _run(frac) == []
+
+
+def test_a_cell_at_the_median_of_its_parts() -> None:
+    """Three collectives at full speed and one at a third: the median of the four parts
+    is full speed, where the mean is 0.67 of it."""
+    m = ConnMatrix()
+    for q, speed in enumerate([1.0, 1.0, 1 / 3, 1.0]):
+        m.add(0, 1, 1000, 10.0 / speed, seq=q)
+    s, d, med = m.median_cells(np.arange(2))
+    assert (s.tolist(), d.tolist(), med.tolist()) == ([0], [1], [100.0])
+    assert m.inter_cells(np.arange(2))[2].tolist() == [pytest.approx(4000 / 60)]
+
+
+@pytest.mark.timeout(20)
 def test_the_end_of_a_window_of_noisy_healthy_nics_isolates_nothing() -> None:
     """Every connection jitters ±10 % from one collective to the next: a line through
     a window's parts falls in about half the windows, by its noise; no NIC has all of
