@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from c4base.collector import collector_tuned
 from producers.events import OpEvent, encode_message
 from producers.simulator import FaultSpec, SimConfig, simulate
 from producers.summary import encode_summary_message, suggest_k, summarised
@@ -121,7 +122,8 @@ def judge(messages: Sequence[tuple[bytes, bytes]], batch: int = 200, repeat: int
     least of ``repeat`` runs, each by a fresh runner (a summarised trace here is ~0.15
     CPU-s, which other processes on a shared core stretch by up to 2x from run to run;
     the least is the least disturbed)."""
-    return min(_judge_once(messages, batch) for _ in range(max(1, repeat)))
+    with collector_tuned():  # as in the worker process
+        return min(_judge_once(messages, batch) for _ in range(max(1, repeat)))
 
 
 def _judge_once(messages: Sequence[tuple[bytes, bytes]], batch: int) -> float:

@@ -22,15 +22,14 @@ streams.detect.DetectInputError: ...missing.jsonl: no such file or directory; ..
 
 from __future__ import annotations
 
-import gc
 import gzip
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from c4base.collector import collector_tuned
 from producers.events import Event
 from producers.formats.flight_recorder import SnapshotFacts
 from producers.sources import SourceBatch, SourceError, open_sources
@@ -87,31 +86,6 @@ def _batches(
         raise DetectInputError(f"cannot read input: {err}") from None
 
 
-#: The collector's first threshold while ``detect`` runs (Python's default is 700). A run
-#: allocates many short-lived objects and few cycles; at 700, full collections over the
-#: growing heap took 15–40 % of a run's CPU (bench_columnar, 1024 GPUs); the worker does
-#: the same (``[worker] gc_gen0_threshold``).
-GC_GEN0_THRESHOLD = 20_000
-
-
-@contextmanager
-def _collector_tuned(gen0: int = GC_GEN0_THRESHOLD) -> Iterator[None]:
-    """A higher first collector threshold, and what exists before the run out of the
-    collector's view (``gc.freeze``), for the length of one run; both undone after (a
-    process that froze objects itself keeps them frozen: then nothing is frozen here)."""
-    before = gc.get_threshold()
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    gc.set_threshold(gen0, *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
-        if freeze:
-            gc.unfreeze()
-
-
 def run_detect(
     paths: Iterable[str | Path],
     out: str | Path,
@@ -124,7 +98,7 @@ def run_detect(
 
     ``dump_time_us``: when Flight Recorder dumps were taken (``--dump-time``), for dumps
     whose mtimes were lost in a copy."""
-    with _collector_tuned():
+    with collector_tuned():
         return _run_detect(paths, out, detect, policy, on_bad, dump_time_us)
 
 

@@ -9,11 +9,11 @@ or bound to 127.0.0.1; short session/rebalance timeouts and no recovery delay.
 
 from __future__ import annotations
 
-import gc
 import ssl
 from pathlib import Path
 from typing import Any
 
+from c4base.collector import tune_collector
 from streams.app.agents import WorkerParts, register_agents
 from streams.app.engine import CoreEngine, Engine
 from streams.app.faust_adapter import install_guarded_transport
@@ -122,7 +122,5 @@ def make_app(config: WorkerConfig, engine: Engine | None = None, metrics: Any = 
     app.c4_parts = parts
     # The start-up objects (modules, Faust's app) live as long as the process: frozen,
     # the collector no longer walks them; and it runs less often (see the setting).
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(config.gc_gen0_threshold, *gc.get_threshold()[1:])
+    tune_collector(config.gc_gen0_threshold)
     return app

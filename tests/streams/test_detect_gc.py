@@ -6,8 +6,9 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
+from c4base.collector import GEN0_THRESHOLD
 from producers.traces import BadLine
-from streams.detect import GC_GEN0_THRESHOLD, run_detect
+from streams.detect import run_detect
 
 
 def test_detect_tunes_the_collector_during_a_run_only(tmp_path: Path) -> None:
@@ -21,7 +22,7 @@ def test_detect_tunes_the_collector_during_a_run_only(tmp_path: Path) -> None:
 
     assert run_detect([trace], tmp_path / "out.jsonl", on_bad=bad).n_bad == 1
     ((threshold, frozen_during),) = during
-    assert threshold == (GC_GEN0_THRESHOLD, *before[1:])
+    assert threshold == (GEN0_THRESHOLD, *before[1:])
     assert frozen_during > 0 if frozen == 0 else frozen_during == frozen
     assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
 
