@@ -71,16 +71,7 @@ class EventColumns:
         object (a new communicator's first op name is read so: a row rebuilt as an
         object cost ~0.2 ms, most of a new communicator's intake)."""
         if self._table is None and self._parts:
-            for p in self._parts:
-                if isinstance(p, pa.RecordBatch):
-                    if i < p.num_rows:
-                        return p.column(name)[i].as_py()
-                    i -= p.num_rows
-                elif i < len(p[1]):
-                    return p[0].column(name)[int(p[1][i])].as_py()
-                else:
-                    i -= len(p[1])
-            raise IndexError("row out of range")
+            return value_in_parts(self._parts, name, i)
         return self.table.column(name)[i].as_py()
 
     @property
@@ -276,6 +267,23 @@ class RowSource(Protocol):
     """Anything that turns its rows ``pos`` into event objects (a block's slice)."""
 
     def get(self, pos: np.ndarray) -> list[Event]: ...
+
+
+def value_in_parts(
+    parts: Sequence[pa.RecordBatch | tuple[pa.RecordBatch, np.ndarray]], name: str, i: int
+) -> Any:
+    """Row ``i``'s value of column ``name`` in rows kept as parts (whole batches, or rows
+    of a batch by number), in order: one value, no table gathered, no event object."""
+    for p in parts:
+        if isinstance(p, pa.RecordBatch):
+            if i < p.num_rows:
+                return p.column(name)[i].as_py()
+            i -= p.num_rows
+        elif i < len(p[1]):
+            return p[0].column(name)[int(p[1][i])].as_py()
+        else:
+            i -= len(p[1])
+    raise IndexError("row out of range")
 
 
 class LazyEvents(Sequence[Event]):

@@ -269,3 +269,32 @@ def test_progress_conns_and_identities_of_rows_joined_across_blocks_are_the_even
             [[0], np.cumsum([len(want[i]) for i in (np.searchsorted(idx, some)).tolist()])]
         ).tolist()
     )
+
+
+def test_a_cut_reads_its_first_op_from_the_columns_not_from_event_objects(
+    net_trace: Path, tmp_path: Path
+) -> None:
+    """Block rows give one value without building event objects: a cut's first op name
+    (``first_op``) is read on every slice of every communicator, and reading it from an
+    object made the slice's shared objects convert the whole slice each time."""
+    from streams.core.cut import first_op
+
+    _archive(net_trace, tmp_path)
+    blk = next(b.block for b in open_sources([tmp_path / "events"], blocks=True))
+    assert blk is not None
+    cols = blk.select(np.arange(len(blk.part_comm)))
+    joined = BlockColumns.concat([c for c in cols if c.comm == cols[0].comm])
+    judged = 0
+    for c in (*cols, joined):
+        ops = np.flatnonzero(c.is_op)
+        if ops.size:
+            assert first_op(c, ops) == c.to_events()[int(ops[0])].op
+            judged += 1
+    assert judged > 2
+    shared = cols[0]._objs
+    assert shared is not None and not shared[0]._cache, "no event object was built"
+    for c in (*cols[:3], joined):
+        events = c.to_events()
+        for i in (0, c.n // 2, c.n - 1):
+            for name in ("op", "host", "comm_name", "ts_us"):
+                assert c.value_at(name, i) == getattr(events[i], name, None)
