@@ -67,11 +67,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Faust fetch/queue sizes: larger than the defaults (500/4096), which measured ~1.5x
     slower on a backlog (Faust's per-message overhead dominates small messages)."""
     gc_gen0_threshold: Pos = GEN0_THRESHOLD
-    """Python's first garbage-collector threshold in the worker process (Python's default
-    700; here 20,000, ``c4base.collector``): Faust allocates several objects per Kafka
-    message, so at 700 the collector ran every few messages and its full passes over the
-    heap cost ~12% of a worker's CPU on an Arrow backlog (bench/bench_scaleout.py); at
-    20,000 it runs rarely, on a heap whose start-up objects are frozen (``gc.freeze``)."""
+    """The garbage collector's first threshold in the worker process, whose start-up
+    objects are frozen (``gc.freeze``); Python's default is 700. Why it is raised, and
+    what that measured: ``c4base.collector``."""
     fetch_max_partition_bytes: Pos = 4 * 1024 * 1024
     """Most bytes one fetch returns per partition (Faust ``consumer_max_fetch_size``,
     default 1 MiB): fewer fetch round trips on a backlog."""
