@@ -104,6 +104,19 @@ class Metrics:
             ["stage", "job", "outcome"],
             registry=r,
         )
+        self.held = Gauge(
+            "c4stream_held",
+            "State a stage holds: kind=communicators or lanes (worker), under its caps",
+            ["stage", "kind"],
+            registry=r,
+        )
+        self.evicted = Counter(
+            "c4stream_evicted",
+            "Communicators checkpointed and forgotten to keep under the caps: when=idle "
+            "(quiet for evict_idle_s) or active (over the cap with nothing idle: a flood)",
+            ["stage", "when"],
+            registry=r,
+        )
         self.consumer_lag = Gauge(
             "c4stream_consumer_lag",
             "Messages not yet consumed",
@@ -172,6 +185,7 @@ class NullMetrics:
         self.verdicts = self.isolations = self.actions = null
         self.consumer_lag = self.latency = null
         self.late_events = self.late_verdicts = null
+        self.held = self.evicted = null
 
     def render(self) -> bytes:
         return b""

@@ -25,6 +25,14 @@ from producers.guard import (
     MAX_NRANKS,
     MAX_PAST_SKEW_US,
 )
+from streams.app.settings import (
+    CONTESTED_HOLD_S,
+    DEDUP_MESSAGES,
+    EVICT_IDLE_S,
+    MAX_CHECKPOINTS,
+    MAX_COMMS,
+    MAX_LANES,
+)
 
 __all__ = ["INFLIGHT_SLACK_US", "BatchView", "EdgeLimits", "LaneView", "admission_problem",
            "contract_problem", "unrefusable"]  # fmt: skip
@@ -51,7 +59,7 @@ class EdgeLimits:
     """How far behind its partition's clock an event may be."""
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_depth: int = MAX_DEPTH
-    contested_hold_s: float = 120.0
+    contested_hold_s: float = CONTESTED_HOLD_S
     """How long (the worker's wall clock: a replayed message's old ``ts_us`` does not
     shorten or lengthen it) a communicator's verdicts stay alert-only after two sources
     contradicted each other about one of its ranks. The verdicts are still sent, as
@@ -61,18 +69,20 @@ class EdgeLimits:
     hang threshold above its floor (``hang_floor_us / hang_period_mult``). A longer one
     must fit the physics: it cannot have lasted longer than since its rank's previous
     op in the communicator completed (ops of one communicator run one after another)."""
-    dedup_messages: int = 131_072
+    dedup_messages: int = DEDUP_MESSAGES
     """Digests of the most recent accepted messages kept: an exact repeat of one of them
     is dropped (counted in ``duplicates``), never judged twice."""
     isolate_uncorroborated: bool = False
     """Whether a verdict of a communicator nobody corroborates may isolate (see
     :meth:`CommRouter.uncorroborated`); off: alert only, with the reason."""
-    max_comms: int = 200_000
-    """Communicators held; beyond, idle lanes are evicted (checkpointed first)."""
-    max_lanes: int = 50_000
-    """(partition, job) lanes held; beyond, idle lanes are evicted likewise."""
-    evict_idle_s: float = 60.0
-    """Only lanes without a message for this long (wall) are evicted."""
+    max_comms: int = MAX_COMMS
+    """Communicators held; beyond, lanes are evicted (checkpointed first), idle first."""
+    max_lanes: int = MAX_LANES
+    """(partition, job) lanes held; beyond, lanes are evicted likewise."""
+    evict_idle_s: float = EVICT_IDLE_S
+    """Lanes without a message for this long (wall) are evicted before any other."""
+    max_checkpoints: int = MAX_CHECKPOINTS
+    """Checkpoints kept of communicators not held; beyond, the longest kept go."""
 
 
 def contract_problem(block: ColumnBlock, s: int, e: int) -> str | None:

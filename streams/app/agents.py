@@ -84,6 +84,9 @@ class WorkerParts:
             "contested_comms": len(self.router.contested),
             "duplicates": self.router.stats.duplicates,
             "evicted": self.router.stats.evicted,
+            "evicted_active": self.router.stats.evicted_active,
+            "checkpoints_parked": self.router.parked,
+            "table_records": len(self.comm_store.table.data),
             "lanes": len(self.router.by_lane),
             "unreadable_checkpoints": self.comm_store.unreadable + self.correlator_store.unreadable,
             "watermarks": self.correlator.describe(),
@@ -163,6 +166,7 @@ def register_agents(
             max_comms=config.max_comms,
             max_lanes=config.max_lanes,
             evict_idle_s=config.evict_idle_s,
+            max_checkpoints=config.max_checkpoints,
         ),
         trust=event_trust(config, masters),
     )
@@ -208,7 +212,7 @@ def register_agents(
         queued = None
         if store is comm_store:
             mine = {tp.partition for tp in parts.assigned if tp.topic == topics.events}
-            queued = marks.queue(mine, router.clock_us)
+            queued = marks.queue(mine, router.clock_us, router.moved, router.lanes_in)
         watch.output(out)
         encoded = [
             (v, encode_verdict(v), clock) for v, clock in zip(out.verdicts, out.clocks, strict=True)
@@ -240,6 +244,8 @@ def register_agents(
         await dl.publish(out.deadletters)
         for partition, key, data in out.checkpoints:
             store.put(partition, key, data)
+        for partition, key in out.forgotten:
+            store.delete(partition, key)
 
     status_path = config.status_path()
 
@@ -278,6 +284,7 @@ def register_agents(
         await emit(correlator.tick(), cor_store)
         write_status(status_path, parts.status())
         watch.lag(offsets, parts.assigned)
+        watch.state(router, router.jobs | correlator.jobs)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[Any], **_: Any) -> None:
@@ -314,6 +321,9 @@ def register_agents(
         # Tables are recovered by now: the verdicts a revoke handed off are taken back at
         # once, not at their partition's next record (a quiet one would hold them).
         correlator.take_back(tp.partition for tp in parts.assigned if tp.topic == topics.verdicts)
+        # The checkpoints recovered of communicators not held count under the cap.
+        mine = {tp.partition for tp in parts.assigned if tp.topic == topics.events}
+        await emit(router.park(comm_store.recovered(mine)), comm_store)
         parts.rebalances += 1
         parts.ready = True
         write_status(status_path, parts.status())
@@ -369,6 +379,7 @@ class _Meter:
     def __init__(self, metrics: MetricsLike | None) -> None:
         self.m = metrics or NullMetrics()
         self._exported: set[str] = set()
+        self._evicted: dict[str, int] = {}
 
     def batch(self, messages: int, events: int, clocks: dict[Any, int]) -> None:
         self.m.messages_in.labels(stage=self.STAGE).inc(messages)
@@ -388,6 +399,24 @@ class _Meter:
             self.m.late_events.labels(stage=self.STAGE, job=job).inc(n)
         for job, outcome in out.late_verdicts:
             self.m.late_verdicts.labels(stage=self.STAGE, job=job, outcome=outcome).inc()
+
+    def state(self, router: CommRouter, jobs: set[str]) -> None:
+        """What the router holds and has evicted (counters follow its totals); the
+        per-job series of jobs no longer held (``jobs``) removed, so a flood of job ids
+        does not grow the registry for ever (a job back starts them at 0 again)."""
+        for job in self._exported - jobs:
+            self.m.late_events.remove(self.STAGE, job)
+            for outcome in ("judged", "deadlettered"):
+                self.m.late_verdicts.remove(self.STAGE, job, outcome)
+        self._exported &= jobs
+        st = router.stats
+        self.m.held.labels(stage=self.STAGE, kind="communicators").set(len(router.comms))
+        self.m.held.labels(stage=self.STAGE, kind="lanes").set(len(router.by_lane))
+        for when, total in (("idle", st.evicted - st.evicted_active),
+                            ("active", st.evicted_active)):  # fmt: skip
+            counter = self.m.evicted.labels(stage=self.STAGE, when=when)
+            counter.inc(total - self._evicted.get(when, 0))
+            self._evicted[when] = total
 
     def jobs(self, jobs: set[str]) -> None:
         """Export the late counters of every job seen, from 0 (a rate needs a start)."""

@@ -161,7 +161,11 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         """job -> outcome (``judged``/``deadlettered``) -> verdicts that came behind the
         job's watermark."""
         self.jobs: set[str] = set()
+        """Jobs some lane reports (or with verdicts held); one no lane has reported for
+        ``forget_lane_s`` is forgotten with its counters."""
         self.job_seen: dict[str, float] = {}
+        self._job_heard: dict[str, float] = {}
+        """job -> wall time of its newest verdict or new lane."""
         """job -> wall time this correlator first heard of it."""
 
     @staticmethod
@@ -359,6 +363,7 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         self._update(lm, wm, now)
 
     def _seen(self, job: str, now: float) -> None:
+        self._job_heard[job] = now
         if job not in self.jobs:
             self.jobs.add(job)
             self.job_seen[job] = now
@@ -587,6 +592,7 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         out = Output()
         now = self.wall()
         self._release(out, now)
+        held: set[str] = set()
         for q, lanes in self.lanes.items():
             for lane in [k for k, m in lanes.items() if now - m.heard > self.forget_lane_s]:
                 del lanes[lane]
@@ -594,6 +600,13 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
             for job in [j for j, h in self.pending.get(q, {}).items() if not h]:
                 if job not in laned:
                     del self.pending[q][job]
+            held |= laned | set(self.pending.get(q, ()))
+        for job in self.jobs - held:  # no lane reports it, no verdict for an hour: done
+            if now - self._job_heard.get(job, now) > self.forget_lane_s:
+                self.jobs.discard(job)
+                self.job_seen.pop(job, None)
+                self._job_heard.pop(job, None)
+                self.late_verdicts.pop(job, None)
         self._due(out, now)
         self._count(out)
         return out

@@ -19,9 +19,10 @@ written once, for columns:
    communicator of the lane is advanced (a collective that stops completing is noticed
    while heartbeats arrive; a job minutes behind another is judged on its own time);
    messages too late to be judged are dead-lettered "late by N s", counted per job;
-5. state (:mod:`streams.app.comm_state`): detectors restored and checkpointed, idle
-   ones evicted beyond the caps. The Faust agent (:mod:`streams.app.agents`) moves
-   bytes between Kafka and this class: all of it is tested without a broker.
+5. state (:mod:`streams.app.comm_state`): detectors restored and checkpointed; what is
+   held stays under its caps (:mod:`streams.app.lane_bounds`). The Faust agent
+   (:mod:`streams.app.agents`) moves bytes between Kafka and this class: all of it is
+   tested without a broker.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from streams.app.comm_slices import Group, Lane, Part, Slice, observe_grouped, s
 from streams.app.comm_state import Comm, Enveloped, unwrap_state, wrap_state
 from streams.app.deadletter import Record, dead_letter
 from streams.app.engine import DetectorLike, Engine
+from streams.app.lane_bounds import LaneBounds
 from streams.app.membership import Membership
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
 from streams.app.snapshot_intake import SnapshotIntake
@@ -61,12 +63,8 @@ __all__ = ["CommRouter", "EdgeLimits", "Lane", "contract_problem", "unwrap_state
 
 log = logging.getLogger(__name__)
 
-_EVICT_PER_TICK = 1000
-"""Communicators evicted per tick at most (each is checkpointed first: a tick's work
-stays bounded however many went idle at once)."""
 
-
-class CommRouter(StateRunner[str]):
+class CommRouter(LaneBounds, StateRunner[str]):
     """All communicators of one worker, by partition and job.
 
     Event time is kept per *lane* (partition, job): a job's communicators are advanced
@@ -106,6 +104,16 @@ class CommRouter(StateRunner[str]):
         self.by_lane: dict[Lane, set[str]] = {}
         self.clock_us: dict[Lane, int] = {}
         """Event-time clock (newest ``ts_us`` seen) per lane."""
+        self._lane_order: dict[Lane, int] = {}
+        """Lane -> its place in ``clock_us`` (lanes are judged in that order)."""
+        self._lanes_seen = 0
+        self.moved: set[Lane] = set()
+        """Lanes whose clock moved since the watermark sender last took them (a router
+        without a sender, offline, holds at most every lane here)."""
+        self._moved_now: set[Lane] = set()
+        """Lanes whose clock moved in the batch being processed."""
+        self.lanes_in: dict[int, int] = {}
+        """Partition -> lanes of it with a clock."""
         self._advanced_us: dict[Lane, int] = {}
         self._slice_end: dict[Lane, int] = {}
         self.pending: dict[Lane, Slice] = {}
@@ -122,7 +130,8 @@ class CommRouter(StateRunner[str]):
         self.late_events: dict[str, int] = {}
         """Per job: events dead-lettered as late beyond the allowed lateness."""
         self.jobs: set[str] = set()
-        """Every job seen (its metrics are exported from 0)."""
+        """Every job held (its metrics are exported from 0); a job leaves with its last
+        lane (evicted, or quiet for ``forget_lane_s``)."""
         self.limits = limits or EdgeLimits()
         self.trust = trust
         """Checks signed events when ``[worker] require_signed_events`` (None: off)."""
@@ -133,6 +142,7 @@ class CommRouter(StateRunner[str]):
         """Communicator -> nranks, fixed by the first event accepted (or its checkpoint)."""
         self._accepted_at: dict[Lane, float] = {}
         """Lane -> wall time (``clock``) of the last message accepted."""
+        self._init_bounds()
         self.ledger = Ledger()
         """What corroboration remembers per communicator and rank."""
         self.contested: dict[str, tuple[float, str]] = {}
@@ -166,9 +176,8 @@ class CommRouter(StateRunner[str]):
             lambda: self.engine.new_detector(comm),
         )
         c = self.comms[comm] = Comm(det, partition, job)
-        self.by_lane.setdefault((partition, job), set()).add(comm)
+        self._held(comm, (partition, job))
         self.members.add(comm, job)
-        self.jobs.add(job)
         return c
 
     def _load(self, comm: str, data: bytes) -> DetectorLike:
@@ -195,37 +204,6 @@ class CommRouter(StateRunner[str]):
 
     def _lanes_of(self, partitions: set[int] | None) -> set[Lane]:
         return {lane for lane in self.clock_us if partitions is None or lane[0] in partitions}
-
-    def _forget_comms(self, keys: list[str]) -> None:
-        for comm in keys:
-            self.ledger.forget(comm)
-            c = self.comms.get(comm)
-            self.members.forget(comm, c.job if c is not None else None)
-            for per_comm in (self.comms, self.sizes, self.contested):
-                per_comm.pop(comm, None)  # type: ignore[attr-defined]
-
-    def _drop(self, partitions: set[int] | None, keys: list[str]) -> None:
-        self._forget_comms(keys)
-        self.fresh.drop(partitions)
-        lanes = {
-            lane
-            for lane in set(self.clock_us) | set(self.by_lane)
-            if partitions is None or lane[0] in partitions
-        }
-        for lane in lanes:
-            self._forget_lane(lane)
-            self.by_lane.pop(lane, None)
-            self.pending.pop(lane, None)
-            self._active.discard(lane)
-            self._accepted_at.pop(lane, None)
-
-    def _forget_lane(self, lane: Lane) -> None:
-        """Forget a lane's clock (its communicators stay: a new message starts it again)."""
-        self.clock_us.pop(lane, None)
-        self._advanced_us.pop(lane, None)
-        self._slice_end.pop(lane, None)
-        self._last_active.pop(lane, None)
-        self._open.discard(lane)
 
     # ---------------------------------------------------------------- batches
     def process(self, records: Sequence[Record], settle: Collection[int] = ()) -> Output:
@@ -268,7 +246,7 @@ class CommRouter(StateRunner[str]):
                 out.deadletters.append(dead_letter(rec, item))
                 continue
             if rec.snapshot is not None:  # a Flight Recorder snapshot: judged whole
-                ok = self.snapshots.take(rec, block, item, out, self._lonely, self.clock_us)  # type: ignore[arg-type]
+                ok = self.snapshots.take(rec, block, item, out, self._lonely, self._move_clock)  # type: ignore[arg-type]
             else:
                 ok = accepted[item] = self._accept(rec, block, item, checks, out, clear[item])  # type: ignore[arg-type,index]
             if ok and i in summed:  # its summaries: kernel times for the straggler rule
@@ -279,7 +257,13 @@ class CommRouter(StateRunner[str]):
                 self._remember(digest, rec)
         if block is not None:
             checks.commit(accepted)
-        due = [(lane, self.pending.pop(lane, None)) for lane in self.clock_us if lane[0] in settle]
+        # Only lanes with events pending, or whose clock moved in this batch (a snapshot
+        # moves it), can be due, not every lane; in the order the lanes were first seen,
+        # as the judgements always came.
+        moved, self._moved_now = self._moved_now, set()
+        lanes = sorted((lane for lane in self.pending.keys() | moved if lane[0] in settle),
+                       key=self._lane_order.__getitem__)  # fmt: skip
+        due = [(lane, self.pending.pop(lane, None)) for lane in lanes]
         # the slices due, across lanes, cut and folded at once (a flood of new
         # communicators is one message per lane: cut one by one, each cost ~50 µs more)
         grouped = observe_grouped([x for _, g in due if g for x in self._items(g)])
@@ -396,13 +380,24 @@ class CommRouter(StateRunner[str]):
                 self._judge(lane, self.pending.pop(lane), out)
                 self._advance_lane(lane, out)
             self._slice_end[lane] = top - top % self.advance_every_us + self.advance_every_us
-        if top > self.clock_us.get(lane, -1):
-            self.clock_us[lane] = top
+        self._move_clock(lane, top)
         groups = self.pending.setdefault(lane, {})
         g = groups.get(comm)
         if g is None:
             g = groups[comm] = Group()
         g.add(rec, part, n, top)
+
+    def _move_clock(self, lane: Lane, top: int) -> None:
+        """The one place a lane's clock moves (never back); the watermark sender takes
+        the lanes that moved."""
+        if lane not in self.clock_us:
+            self._lane_order[lane] = self._lanes_seen
+            self._lanes_seen += 1
+            self.lanes_in[lane[0]] = self.lanes_in.get(lane[0], 0) + 1
+        if top > self.clock_us.get(lane, -1):
+            self.clock_us[lane] = top
+            self.moved.add(lane)
+            self._moved_now.add(lane)
 
     def _contest(self, comm: str, ts_us: int, why: str) -> None:
         """Hold ``comm``'s verdicts alert-only for ``contested_hold_s`` of the worker's
@@ -530,60 +525,12 @@ class CommRouter(StateRunner[str]):
         self._open -= quiet
         out = Output()
         self._close_lanes(quiet, out)
-        while last:  # least recent first: stops at the first lane still recent
-            lane, at = next(iter(last.items()))
-            if wall - at <= self.forget_lane_s:
-                break
-            # Its communicators stay (with what they were judged up to); a new message
-            # of the job starts the lane again.
-            self._forget_lane(lane)
+        self._retire(out, wall)
         self._evict(out, wall)
         self._due(out, wall)
         self._count(out)
         self.stats.process_s += time.thread_time() - t0
         return out
-
-    def _evict(self, out: Output, wall: float) -> None:
-        """Over ``max_comms`` communicators or ``max_lanes`` (partition, job) lanes:
-        checkpoint and forget the least recently active idle lanes (quiet for
-        ``evict_idle_s``), communicators and all; a communicator that speaks again is
-        restored from its checkpoint. Counted (``evicted``), logged."""
-        lim = self.limits
-        if len(self.comms) <= lim.max_comms and len(self.by_lane) <= lim.max_lanes:
-            return
-        gone: list[str] = []
-        lanes = 0
-        for lane, at in list(self._last_active.items()):
-            if len(self.comms) <= lim.max_comms and len(self.by_lane) <= lim.max_lanes:
-                break  # (evicted ones are gone from both already)
-            if wall - at < lim.evict_idle_s:
-                break  # the rest are more recent: active state is never evicted
-            if len(gone) >= _EVICT_PER_TICK:
-                break  # each is checkpointed first: the rest wait for the next tick
-            if lane in self._open or lane in self.pending:
-                continue
-            keys = sorted(self.by_lane.get(lane, ()))
-            out.checkpoints.extend(self._checkpoint(self.schedule.take_all(keys)))
-            for comm in keys:
-                self.schedule.forget(comm)
-            self._drop_lane(lane, keys)
-            gone += keys
-            lanes += 1
-        if gone:
-            self.stats.evicted += len(gone)
-            log.info("evicted %d idle communicators of %d lanes (caps: %d communicators, "
-                     "%d lanes); %d held", len(gone), lanes, lim.max_comms, lim.max_lanes,
-                     len(self.comms))  # fmt: skip
-        elif len(self.comms) > lim.max_comms:
-            log.warning("%d communicators, over the cap of %d, none idle for %.0f s",
-                        len(self.comms), lim.max_comms, lim.evict_idle_s)  # fmt: skip
-
-    def _drop_lane(self, lane: Lane, keys: list[str]) -> None:
-        self._forget_comms(keys)
-        self._forget_lane(lane)
-        self.by_lane.pop(lane, None)
-        self.pending.pop(lane, None)
-        self._accepted_at.pop(lane, None)
 
     def close_slices(self, partitions: set[int] | None = None) -> Output:
         """Judge the open slices of ``partitions`` (all by default) and advance them."""

@@ -44,6 +44,8 @@ class Output:
     deadletters: list[DeadLetter] = field(default_factory=list)
     checkpoints: list[tuple[int, bytes, bytes]] = field(default_factory=list)
     """(partition, key, state bytes) to write to the table."""
+    forgotten: list[tuple[int, bytes]] = field(default_factory=list)
+    """(partition, key) of checkpoints to delete from the table (tombstones)."""
     late_events: list[tuple[str, int]] = field(default_factory=list)
     """(job, events) dead-lettered as late beyond the allowed lateness."""
     late_verdicts: list[tuple[str, str]] = field(default_factory=list)
@@ -70,7 +72,13 @@ class RouterStats:
     uncorroborated: int = 0
     """Verdicts made alert-only because nobody corroborates their communicator."""
     evicted: int = 0
-    """Idle communicators forgotten (checkpointed first) to keep under the caps."""
+    """Communicators forgotten (checkpointed first) to keep under the caps."""
+    forgotten: int = 0
+    """Checkpoints of communicators not held deleted from the table, the longest parked
+    first, to keep under ``max_checkpoints`` (one that speaks again starts afresh)."""
+    evicted_active: int = 0
+    """Of ``evicted``, those whose lane had spoken within ``evict_idle_s``: the worker was
+    over its cap with nothing idle (a flood of new ids, or a cap too low for the jobs)."""
     checkpoints: int = 0
     restored: int = 0
     """Detectors (or correlators) restored from a table checkpoint."""

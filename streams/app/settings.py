@@ -32,6 +32,15 @@ from c4base.topics import Topics
 from producers.guard import MAX_FUTURE_SKEW_US, MAX_NRANKS, MAX_PAST_SKEW_US
 from streams.core.config import DetectConfig, PolicyConfig
 
+# Worker limits the edge (``streams.app.admission.EdgeLimits``) takes as its defaults too:
+# each written once, here, where the settings file's reader looks.
+DEDUP_MESSAGES = 131_072
+CONTESTED_HOLD_S = 120.0
+MAX_COMMS = 20_000
+MAX_LANES = 20_000
+EVICT_IDLE_S = 60.0
+MAX_CHECKPOINTS = 200_000
+
 __all__ = ["WORKER_SECTION", "WorkerConfig", "WorkerConfigError", "load_worker_config"]
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
@@ -152,14 +161,14 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (dead-lettered): the window within which sequence numbers are remembered. Messages
     of one host reach the worker through several partitions, out of order by at most
     the partitions' skew."""
-    dedup_messages: Pos = 131_072
+    dedup_messages: Pos = DEDUP_MESSAGES
     """Digests of this many recently accepted messages are kept: an exact repeat (a
     producer retry, a re-send) is dropped and counted, never judged twice."""
     isolate_uncorroborated: bool = False
     """A verdict of a communicator nobody corroborates (no second host signed for it,
     and the accused host is in no other communicator of its job seen by this worker)
     is alert-only unless this is true."""
-    contested_hold_s: PosFloat = 120.0
+    contested_hold_s: PosFloat = CONTESTED_HOLD_S
     """Worker wall time a contested communicator's verdicts stay alert-only (its faults
     are still sent as alerts that say so)."""
     max_isolations_per_hour: Pos = 8
@@ -167,14 +176,25 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     id is free to invent: the per-job cap alone gave 11 cordons to 22 forged messages);
     beyond it, alert only. A host isolated for one job is not isolated again for another
     within the policy's cool-down either."""
-    max_comms: Pos = 200_000
-    """Communicators held by one worker; beyond it, the least recently active idle lanes
-    (partition, job) are checkpointed and forgotten, communicators and all (restored
-    from their checkpoints if they speak again); counted as ``evicted``."""
-    max_lanes: Pos = 50_000
+    max_comms: Pos = MAX_COMMS
+    """Communicators held by one worker: its memory bound (~12 KB each for a 4-rank
+    one, docs/limits.md). Beyond it, lanes (partition, job) are checkpointed and
+    forgotten, communicators and all, least recently active first: idle ones (quiet
+    for ``evict_idle_s``) before any other, and when none is idle (a flood of new ids)
+    recent ones too (logged once a minute, ``c4stream_evicted_total{when="active"}``).
+    A communicator that speaks again is restored from its checkpoint. Size it above
+    the communicators of the jobs the worker's partitions carry (about 1–2 per GPU:
+    its tensor-, pipeline- and data-parallel groups and point-to-point pairs)."""
+    max_lanes: Pos = MAX_LANES
     """(events partition, job) lanes held by one worker; beyond it, likewise."""
-    evict_idle_s: PosFloat = 60.0
-    """Only lanes quiet for this long (wall) are evicted: active state never is."""
+    evict_idle_s: PosFloat = EVICT_IDLE_S
+    """Lanes quiet this long (wall) are the first evicted over a cap."""
+    max_checkpoints: Pos = MAX_CHECKPOINTS
+    """Checkpoints kept in the worker's table (memory, ~0.8 KB each for a 4-rank
+    communicator) for communicators it does not hold (evicted, or their job quiet for
+    ``forget_lane_s``), beyond those it holds; beyond it the longest kept are deleted
+    (tombstones; counted in ``forgotten``): such a communicator, speaking again, starts
+    afresh. A restarted worker counts the ones it recovers."""
 
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     """``[worker.detect]``: thresholds and windows of the detection core."""

@@ -46,13 +46,14 @@ class SnapshotIntake:
         k: int,
         out: Output,
         lonely: Callable[[Verdict], str | None],
-        clocks: dict[tuple[int, str], int],
+        move_clock: Callable[[tuple[int, str], int], None],
     ) -> bool:
         """Message ``k`` of the block, a part of a snapshot: dead-lettered with the reason
         (False), kept until its snapshot is whole, or its snapshot judged into ``out``.
         ``lonely``: the stream's corroboration rule (why nobody vouches, or None);
-        ``clocks``: the router's lane clocks, moved to the snapshot's time (its job's time,
-        as offline: the watermark then lets the correlator judge its verdicts)."""
+        ``move_clock``: moves one of the router's lane clocks on to the snapshot's time
+        (its job's time, as offline: the watermark then lets the correlator judge its
+        verdicts)."""
         s, e = int(block.starts[k]), int(block.starts[k + 1])
         problem = contract_problem(block, s, e)
         if problem is not None:
@@ -83,7 +84,5 @@ class SnapshotIntake:
         self.uncorroborated += n
         out.concluded(verdicts, max(ev.ts_us for ev in events))
         for ev in events:
-            lane = (rec.partition, ev.job)
-            if ev.ts_us > clocks.get(lane, -1):
-                clocks[lane] = ev.ts_us
+            move_clock((rec.partition, ev.job), ev.ts_us)
         return True

@@ -430,6 +430,7 @@ def flood(comms: int, jobs: int) -> list[tuple[bytes, bytes]]:
 
 
 COMMS, JOBS = 6_000, 1_000
+KEPT = 2_000
 RSS_BOUND_MB = 700
 
 
@@ -442,7 +443,8 @@ def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
     the rank hang sent afterwards is found."""
     msgs = flood(COMMS, JOBS)
     hang = as_messages(trace())
-    cfg = worker_config(kafka_bootstrap, tmp_path / "w", max_comms=1500, evict_idle_s=3.0)
+    cfg = worker_config(kafka_bootstrap, tmp_path / "w", max_comms=1500, evict_idle_s=3.0,
+                        max_checkpoints=KEPT)  # fmt: skip
     with start_worker_process(cfg) as w:
         w.wait_ready(90)
         t = time.monotonic()
@@ -458,6 +460,10 @@ def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
         t = time.monotonic()
         code = w.stop()
         stopped = time.monotonic() - t
+    with start_worker_process(cfg) as w:  # restarted: it counts what its table recovered
+        w.wait_ready(90)
+        again = w.status()
+        w.stop()
     v = judge(commands(kafka_bootstrap, cfg.topics().isolations, timeout=3))
     ROWS.append(
         Row(
@@ -469,6 +475,9 @@ def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
             found=f"{int(v.found)}/1",
             false_isolations=v.false_isolations,
             notes=f"cap 1,500: {st['detect']['evicted']:,} evicted, {st['comms']:,} held; "
+            f"{st['table_records']:,} table records ({KEPT:,} kept of those not held, "
+            f"{st['detect']['forgotten']:,} deleted; after a restart "
+            f"{again['table_records']:,}, {again['checkpoints_parked']:,} counted); "
             f"peak RSS {peak // 1024} MB (bound {RSS_BOUND_MB}); intake "
             f"{len(msgs) / took:,.0f} msg/s against a feed of {len(msgs) / fed:,.0f} msg/s; "
             f"stopped in {stopped:.1f} s (status {code})",
@@ -476,6 +485,10 @@ def test_many_communicators_are_bounded_and_a_real_fault_is_still_found(
     )
     assert code in (0, 4), code  # 4: the clean stop took over stop_grace_s, ended anyway
     assert st["detect"]["evicted"] > 0 and st["comms"] <= 1500 + 1000
+    # held + kept + the partitions' side records: nothing else stays in memory
+    assert st["detect"]["forgotten"] > 0 and st["table_records"] <= 1500 + 1000 + KEPT + 8
+    assert again["table_records"] <= st["table_records"]
+    assert 0 < again["checkpoints_parked"] <= KEPT
     assert peak // 1024 < RSS_BOUND_MB
     assert v.found and v.false_isolations == 0
 

@@ -95,3 +95,55 @@ def test_a_mark_never_passes_a_verdict_queued_before_it() -> None:
         return [(w.clock_us, w.verdicts_offset) for w in out if w.job == "j"]
 
     assert asyncio.run(main()) == [(5_000_000, 31), (16_000_000, 31)]
+
+
+def test_the_lanes_that_moved_get_the_marks_every_lane_would() -> None:
+    """Given the lanes whose clock moved, the sender looks at those (and at the lanes it
+    last marked as lagging once their partition has none) instead of every lane: the
+    marks the correlators end up with are the same as from a look at every lane, through
+    lag coming and going, new lanes and forgotten ones."""
+    import random
+
+    rng = random.Random(7)
+    lag = {0: False, 1: False, 2: False}
+
+    class _Lag:
+        def highwater(self, topic: str, partition: int) -> int | None:
+            return 11 if lag[partition] else 10
+
+        def committed(self, topic: str, partition: int) -> int | None:
+            return 10
+
+    def sender() -> tuple[WatermarkSender, list[tuple[int, Watermark]]]:
+        out: list[tuple[int, Watermark]] = []
+
+        async def send(part: int, key: bytes, value: bytes) -> None:
+            out.append((part, decode_watermark(value)))
+
+        return WatermarkSender("ev", 3, _Lag(), send), out
+
+    every, every_out = sender()
+    moved_only, moved_out = sender()
+    clocks: dict[tuple[int, str], int] = {}
+    moved: set[tuple[int, str]] = set()
+    for step in range(300):
+        for _ in range(rng.randrange(4)):  # some lanes move, some new
+            lane = (rng.randrange(3), f"j{rng.randrange(12)}")
+            clocks[lane] = clocks.get(lane, 0) + rng.randrange(1, 5)
+            moved.add(lane)
+        if rng.random() < 0.05 and clocks:  # a lane forgotten
+            gone = rng.choice(sorted(clocks))
+            del clocks[gone]
+            moved.discard(gone)
+        if rng.random() < 0.2:
+            p = rng.randrange(3)
+            lag[p] = not lag[p]
+        heartbeat = step % 7 == 0
+        lanes_in = {p: sum(1 for q, _ in clocks if q == p) for p in range(3)}
+        asyncio.run(every.send_all([0, 1, 2], clocks, heartbeat))
+        asyncio.run(moved_only.send_all([0, 1, 2], clocks, heartbeat, moved, lanes_in))
+        assert not moved  # taken
+        live = {(p, job, q): w for (p, job, q), w in every.marks_sent.items()
+                if job is None or (p, job) in clocks}  # fmt: skip
+        assert {k: w for k, w in moved_only.marks_sent.items() if k in live} == live
+    assert len(moved_out) < len(every_out) * 1.01  # never more marks for looking at less

@@ -203,25 +203,131 @@ def test_an_op_cannot_outlast_the_time_since_its_predecessor(arrow: bool) -> Non
     assert r.process([rec(2, fits, arrow)]).deadletters == []
 
 
+def held_by(table: dict[bytes, bytes], wall: list[float], **kw: Any) -> CommRouter:
+    """A router whose checkpoints go to ``table`` and whose wall clock is ``wall[0]``;
+    ``kw``: the :class:`EdgeLimits` (and ``forget_lane_s``)."""
+    forget = kw.pop("forget_lane_s", 3600.0)
+    return CommRouter(CoreEngine(), table.get, checkpoint_every_events=10**9,
+                      checkpoint_every_s=1e9, advance_every_us=250_000, clock=lambda: wall[0],
+                      epoch=lambda: T0 / 1e6 + 60, forget_lane_s=forget,
+                      limits=EdgeLimits(**kw))  # fmt: skip
+
+
 def test_idle_lanes_beyond_the_cap_are_checkpointed_evicted_and_restored() -> None:
     table: dict[bytes, bytes] = {}
     wall = [0.0]
-    r = CommRouter(CoreEngine(), table.get, checkpoint_every_events=10**9,
-                   checkpoint_every_s=1e9, advance_every_us=250_000, clock=lambda: wall[0],
-                   epoch=lambda: T0 / 1e6 + 60,
-                   limits=EdgeLimits(max_comms=2, evict_idle_s=10.0))  # fmt: skip
-    for i in range(4):
-        r.process([rec(i, [op(k, T0 + i * S, 1, comm=f"0x{i}", job=f"j{i}") for k in range(4)])])
-        r.tick()  # (a lane's activity is noted by the tick after its messages)
-        wall[0] += 1.0
-    assert r.stats.evicted == 0  # nothing idle for 10 s yet: active state is kept
-    wall[0] = 11.5  # 0x0 and 0x1 quiet for over 10 s, 0x2 and 0x3 not yet
-    out = r.tick()
-    table.update({k: v for _, k, v in out.checkpoints})
-    assert r.stats.evicted == 2 and sorted(r.comms) == ["0x2", "0x3"]
-    assert sorted(table) == [b"0x0", b"0x1"]
+    r = held_by(table, wall, max_comms=3, evict_idle_s=10.0)
+
+    def speak(i: int, seq: int = 1) -> None:
+        r.process([rec(i, [op(k, T0 + i * S, seq, comm=f"0x{i}", job=f"j{i}") for k in range(4)])])
+        out = r.tick()  # (a lane's activity is noted by the tick after its messages)
+        table.update({k: v for _, k, v in out.checkpoints})
+
+    for i in range(3):
+        speak(i)
+    assert r.stats.evicted == 0  # at the cap, not over it
+    wall[0] = 5.0
+    speak(1, 2)  # 0x0 is now the least recently active, 0x2 the most
+    wall[0] = 12.0  # 0x0 quiet for 12 s and 0x2 for 12 s, 0x1 for 7 s
+    speak(3)
+    speak(4)
+    # over the cap twice: the idle ones went, least recent first; 0x1 (active) stayed
+    assert r.stats.evicted == 2 and sorted(r.comms) == ["0x1", "0x3", "0x4"]
+    assert r.stats.evicted_active == 0
+    assert sorted(table) == [b"0x0", b"0x2"]
     r.process([rec(9, [op(0, T0 + 9 * S, 2, comm="0x0", job="j0")])])  # it speaks again
     assert "0x0" in r.comms and r.stats.restored == 1
+
+
+def test_over_the_cap_with_nothing_idle_the_least_recent_go_anyway(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flood of new ids faster than ``max_comms / evict_idle_s``: nothing is idle yet,
+    and still the worker holds at most its cap after a tick (least recently active
+    first, checkpointed, restorable), never a lane whose events wait to be judged; the
+    warning comes once a minute, not every tick."""
+    table: dict[bytes, bytes] = {}
+    wall = [0.0]
+    r = held_by(table, wall, max_comms=3, evict_idle_s=60.0)
+    held = []
+    for i in range(12):
+        r.process([rec(i, [op(k, T0 + i * S, 1, comm=f"0x{i}", job=f"j{i}") for k in range(4)])])
+        out = r.tick()
+        table.update({k: v for _, k, v in out.checkpoints})
+        held.append(sorted(r.comms))
+        wall[0] += 1.0
+    # at most the cap after every tick, the newest (its slice is open) always among them
+    assert all(len(h) <= 3 and f"0x{i}" in h for i, h in enumerate(held))
+    assert r.stats.evicted == 12 - len(r.comms) and r.stats.evicted_active == r.stats.evicted
+    assert sorted(table) == sorted(f"0x{i}".encode() for i in range(12) if f"0x{i}" not in r.comms)
+    warned = [m for m in caplog.messages if "none idle" in m]
+    assert len(warned) == 1 and "evicted" in warned[0]
+    r.process([rec(20, [op(0, T0 + 20 * S, 2, comm="0x0", job="j0")])])  # it speaks again
+    assert "0x0" in r.comms and r.stats.restored == 1
+
+
+def test_a_finished_jobs_state_leaves_memory_and_its_series_the_registry() -> None:
+    """A lane quiet for ``forget_lane_s`` is evicted whole (checkpointed, restorable), so
+    a finished job's communicators are not pinned under the cap for ever; its job leaves
+    ``jobs`` with its last lane, and its per-job metric series go with it."""
+    from c4base.metrics import Metrics
+    from streams.app.agents import _Meter
+
+    table: dict[bytes, bytes] = {}
+    wall = [0.0]
+    r = held_by(table, wall, forget_lane_s=100.0)
+    m = Metrics()
+    meter = _Meter(m)
+    for i in range(3):
+        r.process([rec(i, [op(k, T0 + i * S, 1, comm=f"0x{i}", job=f"j{i}") for k in range(4)])])
+        table.update({k: v for _, k, v in r.tick().checkpoints})
+    meter.jobs(r.jobs)
+    meter.state(r, r.jobs)
+    assert b'job="j0"' in m.render()
+    wall[0] = 50.0
+    r.process([rec(5, [op(k, T0 + 5 * S, 2, comm="0x2", job="j2") for k in range(4)])])
+    table.update({k: v for _, k, v in r.tick().checkpoints})
+    wall[0] = 120.0  # j0 and j1 quiet for 120 s, j2 for 70
+    table.update({k: v for _, k, v in r.tick().checkpoints})
+    assert sorted(r.comms) == ["0x2"] and r.jobs == {"j2"} and sorted(r.by_lane) == [(0, "j2")]
+    assert sorted(table) == [b"0x0", b"0x1"] and r.stats.evicted == 2
+    meter.state(r, r.jobs)
+    text = m.render()
+    assert b'job="j0"' not in text and b'job="j2"' in text
+    assert b'c4stream_held{kind="communicators",stage="worker"} 1.0' in text
+    assert b'c4stream_evicted_total{stage="worker",when="idle"} 2.0' in text
+    r.process([rec(9, [op(0, T0 + 9 * S, 2, comm="0x0", job="j0")])])  # the job is back
+    assert "0x0" in r.comms and r.stats.restored == 1 and "j0" in r.jobs
+
+
+def test_checkpoints_of_communicators_not_held_are_bounded_too() -> None:
+    """Evicted state is checkpointed, so the table (memory, in Faust's memory store)
+    would grow with every id ever seen: beyond ``max_checkpoints`` of communicators not
+    held, the longest kept are deleted; what a restarted worker recovers counts."""
+    table: dict[bytes, bytes] = {}
+    wall = [0.0]
+    r = held_by(table, wall, max_comms=2, evict_idle_s=60.0, max_checkpoints=3)
+
+    def apply(out: Any) -> None:
+        table.update({k: v for _, k, v in out.checkpoints})
+        for _, k in out.forgotten:
+            del table[k]
+
+    for i in range(8):
+        r.process([rec(i, [op(k, T0 + i * S, 1, comm=f"0x{i}", job=f"j{i}") for k in range(4)])])
+        apply(r.tick())
+        wall[0] += 1.0
+        assert len(table) <= 3 + 2 and r.parked <= 3
+    assert sorted(r.comms) == ["0x6", "0x7"] and sorted(table) == [b"0x3", b"0x4", b"0x5"]
+    assert r.stats.forgotten == 3 and r.stats.evicted == 6
+    r.process([rec(9, [op(0, T0 + 9 * S, 2, comm="0x4", job="j4")])])  # back: restored
+    assert r.stats.restored == 1 and r.parked == 2
+    r.process([rec(10, [op(0, T0 + 10 * S, 2, comm="0x0", job="j0")])])  # forgotten: afresh
+    assert r.stats.restored == 1 and r.stats.created == 9
+    # a restarted worker: what it recovers is counted, the longest kept deleted first
+    r2 = held_by(table, [0.0], max_checkpoints=1)
+    out = r2.park([(0, k) for k in [b"0x3", b"0x4", b"0x5"]])
+    assert out.forgotten == [(0, b"0x3"), (0, b"0x4")] and r2.parked == 1
 
 
 def test_a_snapshot_header_is_inside_the_signature() -> None:
