@@ -12,7 +12,6 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -23,7 +22,7 @@ from streams.app.detect_runner import Lane
 from streams.app.engine import CorrelatorLike, Engine
 from streams.app.host_rails import HostRails
 from streams.app.runner import Checkpointable, Lookup, Output, StateRunner
-from streams.app.watermark import Watermark, decode_watermark
+from streams.app.watermark import Mark, Watermark, decode_watermark
 from streams.commands import IsolationCommand
 from streams.core.correlate import LateEvidence
 from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict
@@ -31,23 +30,6 @@ from streams.verdicts import Verdict, VerdictDecodeError, decode_verdict
 __all__ = ["CorrelatorRunner", "HostRails"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Mark:
-    """What the correlator knows of one events partition, or of one job in it (wall
-    times are its own)."""
-
-    clock_us: int
-    heard: float  # when a report on the partition last arrived
-    moved: float  # when its clock last moved
-    idle_since: float | None = None
-    """Since when every report said "caught up" at an unchanged clock (None: lagging)."""
-    reported: bool = False
-    """Some report arrived since the correlator started (else the partition holds every
-    job back, for up to ``max_hold_s``: after a restart it may hold anything)."""
-    caught_since: float | None = None
-    """Since when every report on the partition said "caught up" (None: lagging)."""
 
 
 Held = tuple[int, int, bool, int, Verdict, Record]
@@ -144,9 +126,9 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         to one per job; an empty hand-off of held verdicts once they are taken back."""
         self._taken_back: set[int] = set()
         """verdicts partitions whose held verdicts handed off at a revoke were read."""
-        self.marks: dict[int, dict[int, _Mark]] = {}
+        self.marks: dict[int, dict[int, Mark]] = {}
         """verdicts partition -> events partition -> what its reports said."""
-        self.lanes: dict[int, dict[Lane, _Mark]] = {}
+        self.lanes: dict[int, dict[Lane, Mark]] = {}
         """verdicts partition -> (events partition, job) -> what its reports said."""
         self.read_upto: dict[int, int] = {}
         """verdicts partition -> highest offset read."""
@@ -315,17 +297,17 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
                 del self._advanced_us[k]
 
     # ---------------------------------------------------------------- watermark
-    def _marks(self, q: int) -> dict[int, _Mark]:
+    def _marks(self, q: int) -> dict[int, Mark]:
         marks = self.marks.get(q)
         if marks is None:
             # Every events partition holds until it is heard of (or max_hold_s passes).
             n = self.events_partitions or 0
             t = self.started
-            marks = self.marks[q] = {p: _Mark(-1, t, t) for p in range(n)}
+            marks = self.marks[q] = {p: Mark(-1, t, t) for p in range(n)}
         return marks
 
     @staticmethod
-    def _update(m: _Mark, wm: Watermark, now: float) -> None:
+    def _update(m: Mark, wm: Watermark, now: float) -> None:
         m.heard = now
         m.reported = True
         moved = wm.clock_us > m.clock_us
@@ -346,7 +328,7 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         marks = self._marks(q)
         m = marks.get(wm.partition)
         if m is None:
-            m = marks[wm.partition] = _Mark(-1, now, now)
+            m = marks[wm.partition] = Mark(-1, now, now)
         if not wm.caught_up:
             m.caught_since = None
         elif m.caught_since is None:
@@ -358,7 +340,7 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
         lanes = self.lanes.setdefault(q, {})
         lm = lanes.get((wm.partition, wm.job))
         if lm is None:
-            lm = lanes[(wm.partition, wm.job)] = _Mark(-1, now, now)
+            lm = lanes[(wm.partition, wm.job)] = Mark(-1, now, now)
             self._seen(wm.job, now)
         self._update(lm, wm, now)
 
@@ -368,10 +350,10 @@ class CorrelatorRunner(StateRunner[tuple[int, str]]):
             self.jobs.add(job)
             self.job_seen[job] = now
 
-    def _holds(self, m: _Mark, now: float) -> bool:
+    def _holds(self, m: Mark, now: float) -> bool:
         return m.idle_since is None or now - m.idle_since < self.idle_s
 
-    def _lane_holds(self, lm: _Mark, m: _Mark, now: float) -> bool:
+    def _lane_holds(self, lm: Mark, m: Mark, now: float) -> bool:
         """A lane holds while its own mark or its partition's newest report says lag,
         and for ``idle_s`` after both say none (a sender resends a lane whose clock
         stands still only when its partition has no lag any more: the partition's lag

@@ -23,6 +23,7 @@ import msgspec
 from producers.guard import BoundsError, check_bounds
 
 __all__ = [
+    "Mark",
     "QueuedMarks",
     "Watermark",
     "WatermarkSender",
@@ -86,6 +87,23 @@ def decode_watermark(data: bytes) -> Watermark:
         raise
     except Exception as err:  # RecursionError and the like: never past the edge
         raise ValueError(f"undecodable: {type(err).__name__}") from None
+
+
+@dataclass
+class Mark:
+    """What a correlator knows of one events partition, or of one job in it, from the
+    marks it read (wall times are its own)."""
+
+    clock_us: int
+    heard: float  # when a report on the partition last arrived
+    moved: float  # when its clock last moved
+    idle_since: float | None = None
+    """Since when every report said "caught up" at an unchanged clock (None: lagging)."""
+    reported: bool = False
+    """Some report arrived since the correlator started (else the partition holds every
+    job back, for up to ``max_hold_s``: after a restart it may hold anything)."""
+    caught_since: float | None = None
+    """Since when every report on the partition said "caught up" (None: lagging)."""
 
 
 class Offsets(Protocol):
