@@ -123,7 +123,7 @@ class LaneBounds:
             self._active.discard(lane)
 
     def _forget_lane(self, lane: Lane) -> None:
-        """Forget a lane's clock (its communicators stay: a new message starts it again)."""
+        """Forget a lane's clock and its place (a new message starts it again)."""
         if self.clock_us.pop(lane, None) is not None:
             self.lanes_in[lane[0]] -= 1
         self._lane_order.pop(lane, None)
@@ -213,9 +213,8 @@ class LaneBounds:
         parked = self._parked
         for p, key in keys:
             comm = key.decode("utf-8", "replace")
-            if comm not in self.comms:
+            if comm not in self.comms and comm not in parked:  # (kept: keeps its age)
                 parked[comm] = p
-                parked.move_to_end(comm)
         gone = 0
         while len(parked) > self.limits.max_checkpoints:
             comm, p = parked.popitem(last=False)
