@@ -31,6 +31,7 @@ from c4base.metrics import MetricsLike, NullMetrics
 from c4base.signing import load_keys
 from streams.app.checkpoint import TableCheckpoints
 from streams.app.correlate_runner import CorrelatorRunner, HostRails
+from streams.app.correlate_status import listed
 from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
 from streams.app.detect_runner import CommRouter, EdgeLimits
 from streams.app.engine import Engine
@@ -69,6 +70,7 @@ class WorkerParts:
 
     def status(self) -> dict[str, Any]:
         down = self.broker_down_since
+        lanes, lanes_left = listed(sorted(self.router.clock_us))
         return {
             "pid": os.getpid(),
             "ready": self.ready and down is None,
@@ -80,7 +82,8 @@ class WorkerParts:
             "detect": asdict(self.router.stats),
             "correlate": asdict(self.correlator.stats),
             "comms": len(self.router.comms),
-            "clock_us": {f"{p}/{job}": t for (p, job), t in sorted(self.router.clock_us.items())},
+            "clock_us": {f"{p}/{job}": self.router.clock_us[(p, job)] for p, job in lanes},
+            "clock_us_not_listed": lanes_left,
             "contested_comms": len(self.router.contested),
             "duplicates": self.router.stats.duplicates,
             "evicted": self.router.stats.evicted,
@@ -91,6 +94,7 @@ class WorkerParts:
             "unreadable_checkpoints": self.comm_store.unreadable + self.correlator_store.unreadable,
             "watermarks": self.correlator.describe(),
             "late": late_status(self.router, self.correlator),
+            "jobs": len(self.router.jobs | self.correlator.jobs),
             "deadletters_sent": self.deadletters.sent,
             "table_writes": self.comm_store.writes + self.correlator_store.writes,
         }
@@ -361,7 +365,9 @@ def event_trust(config: WorkerConfig, masters: list[bytes]) -> EventTrust | None
 def late_status(router: CommRouter, correlator: CorrelatorRunner) -> dict[str, dict[str, int]]:
     """Per job: events dead-lettered as late, verdicts judged late / dead-lettered late."""
     out: dict[str, dict[str, int]] = {}
-    for job in sorted(router.jobs | correlator.jobs):
+    late = set(router.late_events) | set(correlator.late_verdicts)
+    jobs, _ = listed(sorted(router.jobs | correlator.jobs), late)  # jobs with late ones first
+    for job in jobs:
         v = correlator.late_verdicts.get(job, {})
         out[job] = {
             "events_deadlettered": router.late_events.get(job, 0),

@@ -7,7 +7,28 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streams.app.correlate_runner import CorrelatorRunner
 
-__all__ = ["describe"]
+__all__ = ["STATUS_JOBS", "describe", "listed"]
+
+STATUS_JOBS = 1000
+"""Jobs (or lanes) ``status.json`` lists at most per section: it is written every tick,
+and at 20,000 jobs the whole list was ~2.4 MB of JSON, a tenth of a flooded worker's
+CPU. Beyond, the first in order (those holding verdicts first) and a count of the rest."""
+
+
+def listed(keys: list, first: set | None = None) -> tuple[list, int]:
+    """At most :data:`STATUS_JOBS` of ``keys`` (sorted), those in ``first`` before the
+    rest; and how many were left out.
+
+    >>> keys, left = listed(list(range(1002)), first={1001})
+    >>> len(keys), left, keys[-1], 999 in keys
+    (1000, 2, 1001, False)
+    """
+    if len(keys) <= STATUS_JOBS:
+        return keys, 0
+    pick = [k for k in keys if first and k in first][:STATUS_JOBS]
+    seen = set(pick)
+    pick += [k for k in keys if k not in seen][: STATUS_JOBS - len(pick)]
+    return sorted(pick), len(keys) - len(pick)
 
 
 def describe(runner: CorrelatorRunner) -> dict[str, Any]:
@@ -20,8 +41,12 @@ def describe(runner: CorrelatorRunner) -> dict[str, Any]:
         by_job: dict[str, list[tuple[int, Any]]] = {}  # once: not all lanes per job
         for (p, j), lm in sorted(lanes.items()):
             by_job.setdefault(j, []).append((p, lm))
-        jobs = sorted(set(by_job) | set(runner.pending.get(q, {})))
+        pending = runner.pending.get(q, {})
+        jobs, left = listed(
+            sorted(set(by_job) | set(pending)), {j for j, h in pending.items() if h}
+        )
         out[str(q)] = {
+            "jobs_not_listed": left,
             "deferred": len(runner.deferred.get(q, ())),
             "partitions": {
                 str(p): [

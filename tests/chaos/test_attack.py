@@ -12,6 +12,7 @@ import msgspec
 import pyarrow as pa
 import pytest
 
+from bench.bench_cardinality import flood  # the issue's flood, at the size given
 from c4base.signing import generate_key_file, host_key, load_key, signed_event_headers
 from producers.columnar import encode_batch, events_table
 from producers.events import Event, OpEvent, ProgressEvent, encode_message
@@ -414,19 +415,6 @@ def test_a_400_mb_string_in_a_small_arrow_message_costs_nothing(
 
 
 # ------------------------------------------------------------------ high cardinality
-
-
-def flood(comms: int, jobs: int) -> list[tuple[bytes, bytes]]:
-    """One message (4 ranks, one op each) per communicator, ``comms // jobs`` per job:
-    the issue's 120,000 communicators over 20,000 jobs, at the size given."""
-    per = comms // jobs
-    out = []
-    for c in range(comms):
-        evs = [OpEvent(v=1, job=f"flood-{c // per}", comm=f"0xe{c:x}", nranks=4, rank=k,
-                       host=f"node-{k:03d}", ts_us=T0 + c * 1000, op="AllReduce", seq=1,
-                       bytes=8, exec_us=10.0) for k in range(4)]  # fmt: skip
-        out.append((evs[0].comm.encode(), encode_message(evs)))
-    return out
 
 
 COMMS, JOBS = 6_000, 1_000
