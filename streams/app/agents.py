@@ -35,7 +35,12 @@ from streams.app.correlate_status import listed
 from streams.app.deadletter import CLOCK_HEADER, DeadLetterPublisher, Record
 from streams.app.detect_runner import CommRouter, EdgeLimits
 from streams.app.engine import Engine
-from streams.app.faust_adapter import ConsumerView, drain_table_writes, stop_on_crash
+from streams.app.faust_adapter import (
+    ConsumerView,
+    drain_table_writes,
+    recovered_keys,
+    stop_on_crash,
+)
 from streams.app.runner import Output
 from streams.app.settings import COMM_TABLE, CORRELATOR_TABLE, WorkerConfig
 from streams.app.trust import CommandSigner, EventTrust, Freshness
@@ -71,6 +76,7 @@ class WorkerParts:
     def status(self) -> dict[str, Any]:
         down = self.broker_down_since
         lanes, lanes_left = listed(sorted(self.router.clock_us))
+        jobs = self.router.jobs | self.correlator.jobs
         return {
             "pid": os.getpid(),
             "ready": self.ready and down is None,
@@ -93,8 +99,8 @@ class WorkerParts:
             "lanes": len(self.router.by_lane),
             "unreadable_checkpoints": self.comm_store.unreadable + self.correlator_store.unreadable,
             "watermarks": self.correlator.describe(),
-            "late": late_status(self.router, self.correlator),
-            "jobs": len(self.router.jobs | self.correlator.jobs),
+            "late": late_status(self.router, self.correlator, jobs),
+            "jobs": len(jobs),
             "deadletters_sent": self.deadletters.sent,
             "table_writes": self.comm_store.writes + self.correlator_store.writes,
         }
@@ -327,7 +333,7 @@ def register_agents(
         correlator.take_back(tp.partition for tp in parts.assigned if tp.topic == topics.verdicts)
         # The checkpoints recovered of communicators not held count under the cap.
         mine = {tp.partition for tp in parts.assigned if tp.topic == topics.events}
-        await emit(router.park(comm_store.recovered(mine)), comm_store)
+        await emit(router.park(recovered_keys(comm_store.table, mine)), comm_store)
         parts.rebalances += 1
         parts.ready = True
         write_status(status_path, parts.status())
@@ -362,12 +368,14 @@ def event_trust(config: WorkerConfig, masters: list[bytes]) -> EventTrust | None
     return EventTrust(masters, fresh, require_fresh=config.require_fresh_events)
 
 
-def late_status(router: CommRouter, correlator: CorrelatorRunner) -> dict[str, dict[str, int]]:
-    """Per job: events dead-lettered as late, verdicts judged late / dead-lettered late."""
+def late_status(
+    router: CommRouter, correlator: CorrelatorRunner, jobs: set[str]
+) -> dict[str, dict[str, int]]:
+    """Per job of ``jobs``: events dead-lettered as late, verdicts judged late /
+    dead-lettered late."""
     out: dict[str, dict[str, int]] = {}
     late = set(router.late_events) | set(correlator.late_verdicts)
-    jobs, _ = listed(sorted(router.jobs | correlator.jobs), late)  # jobs with late ones first
-    for job in jobs:
+    for job in listed(sorted(jobs), late)[0]:  # jobs with late ones first
         v = correlator.late_verdicts.get(job, {})
         out[job] = {
             "events_deadlettered": router.late_events.get(job, 0),

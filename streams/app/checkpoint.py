@@ -220,12 +220,3 @@ class TableCheckpoints:
             if self.table.data.pop(k, None) is not None:
                 self.table.send_changelog(partition, k, None)
                 self.writes += 1
-
-    def recovered(self, partitions: set[int]) -> list[tuple[int, bytes]]:
-        """(partition, key) of the keyed checkpoints (not chunks or side records: those
-        hold a NUL) recovered from the changelog for ``partitions``. Faust's memory store
-        remembers each recovered key's partition; a store that does not, gives none."""
-        where = getattr(self.table.data, "_key_partition", None) or {}
-        data = self.table.data
-        return [(p, bytes(k)) for k, p in list(where.items())
-                if p in partitions and b"\x00" not in bytes(k) and k in data]  # fmt: skip

@@ -38,13 +38,17 @@ def describe(runner: CorrelatorRunner) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for q, marks in runner.marks.items():
         lanes = runner.lanes.get(q, {})
-        by_job: dict[str, list[tuple[int, Any]]] = {}  # once: not all lanes per job
-        for (p, j), lm in sorted(lanes.items()):
-            by_job.setdefault(j, []).append((p, lm))
         pending = runner.pending.get(q, {})
         jobs, left = listed(
-            sorted(set(by_job) | set(pending)), {j for j, h in pending.items() if h}
+            sorted({j for _, j in lanes} | set(pending)), {j for j, h in pending.items() if h}
         )
+        keep = set(jobs)
+        by_job: dict[str, list[tuple[int, Any]]] = {}  # the listed jobs' lanes, once
+        for (p, j), lm in lanes.items():
+            if j in keep:
+                by_job.setdefault(j, []).append((p, lm))
+        for per_job in by_job.values():
+            per_job.sort(key=lambda x: x[0])
         out[str(q)] = {
             "jobs_not_listed": left,
             "deferred": len(runner.deferred.get(q, ())),

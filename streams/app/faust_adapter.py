@@ -33,6 +33,7 @@ __all__ = [
     "GuardedTransport",
     "drain_table_writes",
     "install_guarded_transport",
+    "recovered_keys",
     "stop_on_crash",
 ]
 
@@ -138,6 +139,17 @@ class ConsumerView:
         for tp in rewound:
             await consumer.seek(tp, 0)
         return rewound
+
+
+def recovered_keys(table: Any, partitions: Collection[int]) -> list[tuple[int, bytes]]:
+    """(partition, key) of the keyed records ``table`` recovered from its changelog for
+    ``partitions`` (not chunks or side records: their keys hold a NUL). Faust's memory
+    store remembers each recovered key's partition (``_key_partition``, used by its own
+    ``on_recovery_completed``); a store that does not, gives none."""
+    data = table.data
+    where = getattr(data, "_key_partition", None) or {}
+    return [(p, bytes(k)) for k, p in list(where.items())
+            if p in partitions and b"\x00" not in bytes(k) and k in data]  # fmt: skip
 
 
 async def drain_table_writes(app: Any, timeout_s: float | None = None) -> int:
